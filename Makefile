@@ -1,0 +1,113 @@
+# Developer entry points. `make test` is what CI runs (through .ci/run).
+SHELL := /bin/bash
+.DEFAULT_GOAL := test
+
+PYTHON      ?= python3
+VENV        := .venv
+VPY         := $(VENV)/bin/python
+STAMP       := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+# The Redis that `make run` starts when REDIS_URL is unset (append-only, kept in ./var/redis).
+RUN_REDIS_PORT := 6380
+RUN_REDIS_DIR  := $(CURDIR)/var/redis
+RUN_REDIS_PID  := $(RUN_REDIS_DIR)/redis-server.pid
+RUN_REDIS_URL  := redis://127.0.0.1:$(RUN_REDIS_PORT)/0
+# Exit 0 when a Redis answers PING on the run port (redis-cli may be absent: use redis-py).
+RUN_REDIS_PING := $(VPY) -c "import redis,sys; sys.exit(0 if redis.Redis(host='127.0.0.1', port=$(RUN_REDIS_PORT), socket_connect_timeout=0.5).ping() else 1)" >/dev/null 2>&1
+
+.PHONY: install .venv redis-check test run stop-redis lint format bench soak clean distclean
+
+# ------------------------------------------------------------------------ environment
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall only when pyproject.toml changed (or a package's __init__.py appeared: the
+# editable install maps the packages that existed when it ran).
+$(STAMP): pyproject.toml $(wildcard agent_core/__init__.py bot/__init__.py) | $(VPY)
+	$(VPY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+install: $(STAMP)
+.venv: install
+
+# redis-server must be on PATH: tests start their own, `make run` may start one.
+redis-check:
+	@if ! command -v redis-server >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    echo "redis-server not found: installing Debian's redis-server"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; } || exit 1; \
+	    command -v redis-server >/dev/null 2>&1 || { echo "redis-server still not on PATH after apt-get install" >&2; exit 1; }; \
+	  else \
+	    echo "redis-server is not installed: run \`sudo apt-get install redis-server\` (Debian/Ubuntu) or \`brew install redis\`" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
+# ------------------------------------------------------------------------ test & lint
+# Tests start a private redis-server on a free port, or use TEST_REDIS_URL when set.
+test: install redis-check
+	$(VPY) -m pytest -q --ignore=tests/bench --ignore=tests/soak $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: install
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: install redis-check
+	@if [ -d tests/bench ]; then $(VPY) -m pytest -q tests/bench $(PYTEST_ARGS); \
+	else echo "no tests/bench yet"; fi
+
+soak: install redis-check
+	@if [ -d tests/soak ]; then $(VPY) -m pytest -q tests/soak $(PYTEST_ARGS); \
+	else echo "no tests/soak yet"; fi
+
+# ------------------------------------------------------------------------ run
+# Starts web + worker with honcho. Without REDIS_URL, starts (or reuses) a local append-only
+# redis-server on 127.0.0.1:$(RUN_REDIS_PORT); `make stop-redis` stops it.
+run: install redis-check
+	@set -e; \
+	if [ -z "$${REDIS_URL:-}" ]; then \
+	  mkdir -p "$(RUN_REDIS_DIR)"; \
+	  if $(RUN_REDIS_PING); then \
+	    echo "make run: reusing the redis-server answering on 127.0.0.1:$(RUN_REDIS_PORT)"; \
+	  else \
+	    redis-server --port $(RUN_REDIS_PORT) --bind 127.0.0.1 \
+	      --appendonly yes --appendfsync everysec --dir "$(RUN_REDIS_DIR)" \
+	      --logfile "$(RUN_REDIS_DIR)/redis-server.log" \
+	      --daemonize yes --pidfile "$(RUN_REDIS_PID)"; \
+	    for _ in $$(seq 50); do $(RUN_REDIS_PING) && break; sleep 0.1; done; \
+	    $(RUN_REDIS_PING) || { echo "redis-server did not start; see $(RUN_REDIS_DIR)/redis-server.log" >&2; exit 1; }; \
+	    echo "make run: started redis-server on 127.0.0.1:$(RUN_REDIS_PORT) (pid $$(cat "$(RUN_REDIS_PID)"); \`make stop-redis\` stops it)"; \
+	  fi; \
+	  export REDIS_URL="$(RUN_REDIS_URL)"; \
+	fi; \
+	export PATH="$(CURDIR)/$(VENV)/bin:$$PATH"; \
+	exec $(VENV)/bin/honcho start -f Procfile
+
+# Stops only the redis-server that `make run` started (found by its pidfile).
+stop-redis:
+	@if [ ! -f "$(RUN_REDIS_PID)" ]; then echo "no redis-server started by make run"; exit 0; fi; \
+	pid=$$(cat "$(RUN_REDIS_PID)"); \
+	if ! kill -0 "$$pid" 2>/dev/null || ! ps -p "$$pid" -o comm= | grep -q redis; then \
+	  echo "stale pidfile (pid $$pid is not a running redis-server): removing it"; \
+	  rm -f "$(RUN_REDIS_PID)"; exit 0; \
+	fi; \
+	kill -TERM "$$pid"; \
+	for _ in $$(seq 100); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done; \
+	if kill -0 "$$pid" 2>/dev/null; then echo "redis-server (pid $$pid) did not stop within 10 s" >&2; exit 1; fi; \
+	rm -f "$(RUN_REDIS_PID)"; \
+	echo "stopped redis-server (pid $$pid)"
+
+# ------------------------------------------------------------------------ cleaning
+clean:
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+# Also removes the virtualenv and ./var (stop the make-run Redis first).
+distclean: stop-redis clean
+	rm -rf $(VENV) var

@@ -1,0 +1,86 @@
+"""The ``Agent``: instructions, tools and who decides which calls need a human."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from .tools import Tool
+
+log = logging.getLogger(__name__)
+
+ApprovalPolicy = Literal["none", "all"] | Sequence[str]
+
+
+@dataclass
+class Agent:
+    """An agent the worker runs.
+
+    ``approval_policy`` applies only to tools whose own ``requires_approval`` says nothing:
+    ``"none"`` gates none of them, ``"all"`` gates all of them, a list gates the named ones.
+    ``approval_timeout`` (seconds) falls back to the ``APPROVAL_TIMEOUT`` setting when None;
+    ``model`` falls back to ``OPENAI_MODEL``.
+    """
+
+    name: str
+    instructions: str
+    tools: Sequence[Tool | Callable[..., Any]] = ()
+    model: str | None = None
+    approval_policy: ApprovalPolicy = "none"
+    approval_timeout: float | None = None
+    _by_name: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        tools: list[Tool] = []
+        for t in self.tools:
+            tools.append(t if isinstance(t, Tool) else Tool.from_function(t))
+        names = [t.name for t in tools]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"agent {self.name!r}: duplicate tool names {dupes}")
+        policy = self.approval_policy
+        if isinstance(policy, str):
+            if policy not in ("none", "all"):
+                raise ValueError(
+                    f"agent {self.name!r}: approval_policy must be 'none', 'all' or a list of "
+                    f"tool names, not {policy!r}"
+                )
+        else:
+            unknown = sorted(set(policy) - set(names))
+            if unknown:
+                raise ValueError(f"agent {self.name!r}: approval_policy names unknown tools {unknown}")
+        if self.approval_timeout is not None and self.approval_timeout <= 0:
+            raise ValueError(f"agent {self.name!r}: approval_timeout must be positive")
+        self.tools = tools
+        self._by_name = {t.name: t for t in tools}
+
+    def get_tool(self, name: str) -> Tool | None:
+        """The tool with that name, or None."""
+        return self._by_name.get(name)
+
+    def requires_approval(self, t: Tool, args: dict[str, Any]) -> bool:
+        """Whether this call needs a human: the tool's rule first, then the agent's policy.
+
+        A rule that raises gates the call: authorization fails closed.
+        """
+        rule = t.requires_approval
+        if isinstance(rule, bool):
+            return rule
+        if rule is not None:
+            try:
+                return bool(rule(dict(args)))
+            except Exception:
+                log.warning("approval rule of tool %s raised; gating the call", t.name, exc_info=True)
+                return True
+        policy = self.approval_policy
+        if policy == "all":
+            return True
+        if policy == "none":
+            return False
+        return t.name in policy
+
+    def openai_tools(self) -> list[dict[str, Any]]:
+        """The ``tools`` parameter of a Chat Completions request."""
+        return [t.openai_schema() for t in self._by_name.values()]

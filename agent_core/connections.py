@@ -1,0 +1,26 @@
+"""Redis clients with the timeouts and retries the gateway relies on."""
+
+from __future__ import annotations
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError, TimeoutError
+
+
+def create_redis(url: str, *, socket_timeout: float = 10.0) -> Redis:
+    """A client decoding responses to str, retrying commands on connection errors.
+
+    Scripts are written to be safe to run twice, since a retried command may have been
+    applied before the connection dropped. Blocking reads (XREADGROUP BLOCK) must use a block
+    time well under ``socket_timeout``.
+    """
+    return Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=5.0,
+        health_check_interval=15,
+        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=3),
+        retry_on_error=[ConnectionError, TimeoutError],
+    )

@@ -1,0 +1,80 @@
+"""Reading the events stream (run and gate events) as a consumer group."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from pydantic import ValidationError
+from redis.asyncio import Redis
+
+from .keys import Keys
+from .models import Event
+from .streams import StreamConsumer, StreamMessage
+
+log = logging.getLogger(__name__)
+
+
+def parse_event(msg: StreamMessage) -> Event:
+    """Turn a stream entry into an :class:`Event`; raises ValueError if malformed."""
+    try:
+        return Event(
+            id=msg.id,
+            type=msg.fields["type"],
+            run_id=msg.fields["run_id"],
+            data=json.loads(msg.fields.get("data") or "{}"),
+        )
+    except (KeyError, json.JSONDecodeError, ValidationError) as exc:
+        raise ValueError(f"malformed event {msg.id}: {exc}") from exc
+
+
+class EventConsumer:
+    """A member of a consumer group on the events stream (e.g. one Slack ``web`` replica).
+
+    Each event is delivered to one member of the group; events left unacknowledged by a member
+    that died are claimed by another after ``claim_idle_ms``. Handlers must be idempotent:
+    delivery is at least once.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        group: str,
+        consumer: str,
+        *,
+        claim_idle_ms: int = 30_000,
+        max_deliveries: int = 10,
+    ) -> None:
+        self._stream = StreamConsumer(
+            redis,
+            keys.events(),
+            group,
+            consumer,
+            dead_stream=keys.dead_events(),
+            claim_idle_ms=claim_idle_ms,
+            max_deliveries=max_deliveries,
+        )
+
+    async def read(self, count: int = 50, block_ms: int = 1000) -> list[Event]:
+        """The next events for this consumer; malformed or poison entries are dead-lettered."""
+        out: list[Event] = []
+        for msg in await self._stream.read(count, block_ms):
+            if msg.deliveries > self._stream.max_deliveries:
+                log.error("event %s failed %d times; dead-lettered", msg.id, msg.deliveries - 1)
+                await self._stream.dead_letter(msg, "too many deliveries")
+                continue
+            try:
+                out.append(parse_event(msg))
+            except ValueError as exc:
+                log.error("%s; dead-lettered", exc)
+                await self._stream.dead_letter(msg, str(exc))
+        return out
+
+    async def ack(self, event: Event) -> None:
+        """Acknowledge an event once it has been handled."""
+        await self._stream.ack(event.id)
+
+    async def touch(self, event: Event) -> None:
+        """Keep a slow event from being claimed by another member."""
+        await self._stream.touch(event.id)

@@ -1,0 +1,1 @@
+"""Example agents that ship with the package."""

@@ -1,0 +1,52 @@
+"""Exceptions raised by agent_core.
+
+::
+
+    GatewayError
+    ├── ConfigError          a missing or invalid setting (names the variable)
+    ├── NotFound
+    │   ├── RunNotFound      no run with that id
+    │   └── GateNotFound     no gate with that id (also malformed ids)
+    ├── InvalidState         the run cannot do that now (e.g. cancel a finished run)
+    └── ToolError
+        ├── ToolDefinitionError   a tool that cannot be described to the model
+        └── ToolArgumentsError    the model's arguments are not valid JSON or fail validation
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Root of every exception agent_core raises on purpose."""
+
+
+class ConfigError(GatewayError):
+    """A missing or invalid setting; the message names the environment variable."""
+
+
+class NotFound(GatewayError):
+    """Something named by id does not exist."""
+
+
+class RunNotFound(NotFound):
+    """No run with that id."""
+
+
+class GateNotFound(NotFound):
+    """No gate with that id."""
+
+
+class InvalidState(GatewayError):
+    """The run or gate is not in a state that allows the operation."""
+
+
+class ToolError(GatewayError):
+    """A problem with a tool or a call to it."""
+
+
+class ToolDefinitionError(ToolError):
+    """A function that cannot be turned into a tool."""
+
+
+class ToolArgumentsError(ToolError):
+    """The model's arguments for a tool are not valid."""

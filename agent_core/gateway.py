@@ -1,0 +1,229 @@
+"""The programmatic gateway API: start runs, read them, decide gates, cancel, read events.
+
+The Slack bot, a CLI and the tests all go through :class:`Gateway`. It never runs the model:
+it writes to Redis and the workers pick the work up from the jobs stream.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+from typing import Any
+
+from redis.asyncio import Redis
+
+from . import scripts
+from .events import EventConsumer
+from .exceptions import GateNotFound, InvalidState, RunNotFound
+from .keys import Keys
+from .models import DecideResult, Decision, Gate, GateStatus, Run
+
+MAX_TASK_CHARS = 20_000
+MAX_REASON_CHARS = 2_000
+_GATE_ID = re.compile(r"^[A-Za-z0-9_-]{24}$")
+_RUN_ID = re.compile(r"^r-[a-z0-9]{12}$")
+
+
+def new_run_id() -> str:
+    """A short run id a person can type (``r-`` and 12 base-36 characters)."""
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    return "r-" + "".join(secrets.choice(alphabet) for _ in range(12))
+
+
+def new_gate_id() -> str:
+    """An unguessable gate id (144 random bits), safe to put in a button value."""
+    return secrets.token_urlsafe(18)
+
+
+def valid_gate_id(gate_id: str) -> bool:
+    return isinstance(gate_id, str) and bool(_GATE_ID.match(gate_id))
+
+
+def valid_run_id(run_id: str) -> bool:
+    return isinstance(run_id, str) and bool(_RUN_ID.match(run_id))
+
+
+class Gateway:
+    """Start runs, read them, decide their gates and cancel them."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys | None = None,
+        *,
+        agent_name: str = "agent",
+        events_maxlen: int = 100_000,
+    ) -> None:
+        self.redis = redis
+        self.keys = keys or Keys()
+        self.agent_name = agent_name
+        self.events_maxlen = events_maxlen
+        self._decide = redis.register_script(scripts.DECIDE_GATE)
+        self._cancel = redis.register_script(scripts.CANCEL_RUN)
+
+    # --- runs -------------------------------------------------------------------------
+    async def start_run(
+        self, task: str, requested_by: str, origin: dict[str, Any] | None = None
+    ) -> Run:
+        """Queue a new run of the agent on ``task``; a worker picks it up."""
+        task = task.strip()
+        if not task:
+            raise ValueError("the task is empty")
+        if len(task) > MAX_TASK_CHARS:
+            raise ValueError(f"the task is longer than {MAX_TASK_CHARS} characters")
+        if not requested_by:
+            raise ValueError("requested_by is required")
+        run_id = new_run_id()
+        now = time.time()
+        fields = {
+            "run_id": run_id,
+            "agent": self.agent_name,
+            "task": task,
+            "requested_by": requested_by,
+            "origin": json.dumps(origin or {}),
+            "status": "queued",
+            "phase": "model",
+            "turn": 0,
+            "pending": 0,
+            "created_at": f"{now:.6f}",
+            "updated_at": f"{now:.6f}",
+        }
+        k = self.keys
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(k.run(run_id), mapping=fields)
+            pipe.rpush(k.history(run_id), json.dumps({"role": "user", "content": task}))
+            pipe.zadd(k.user_runs(requested_by), {run_id: now})
+            pipe.xadd(k.jobs(), {"type": "start", "run_id": run_id})
+            await pipe.execute()
+        return Run.from_hash({k2: str(v) for k2, v in fields.items()})
+
+    async def get_run(self, run_id: str) -> Run | None:
+        """The run, or None."""
+        if not valid_run_id(run_id):
+            return None
+        h = await self.redis.hgetall(self.keys.run(run_id))
+        return Run.from_hash(h) if h else None
+
+    async def runs_for_user(self, user: str, limit: int = 20) -> list[Run]:
+        """The user's runs, newest first."""
+        ids = await self.redis.zrevrange(self.keys.user_runs(user), 0, limit - 1)
+        if not ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for run_id in ids:
+                pipe.hgetall(self.keys.run(run_id))
+            hashes = await pipe.execute()
+        return [Run.from_hash(h) for h in hashes if h]
+
+    async def history(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's messages so far (without the agent's instructions)."""
+        return [json.loads(m) for m in await self.redis.lrange(self.keys.history(run_id), 0, -1)]
+
+    async def cancel_run(self, run_id: str, by: str, reason: str | None = None) -> Run:
+        """Cancel a run that has not finished; its pending gates become ``cancelled``."""
+        if not valid_run_id(run_id):
+            raise RunNotFound(f"no run {run_id!r}")
+        k = self.keys
+        for _ in range(10):
+            gate_ids = sorted(await self.redis.smembers(k.run_gates(run_id)))
+            res = await self._cancel(
+                keys=[k.run(run_id), k.deadlines(), k.events(), k.run_gates(run_id)]
+                + [k.gate(g) for g in gate_ids],
+                args=[by, (reason or "")[:MAX_REASON_CHARS], self.events_maxlen, run_id, *gate_ids],
+            )
+            if res[0] == "missing":
+                raise RunNotFound(f"no run {run_id!r}")
+            if res[0] == "finished":
+                raise InvalidState(f"run {run_id} has already {res[1]}")
+            if res[0] == "cancelled":
+                run = await self.get_run(run_id)
+                assert run is not None
+                return run
+        raise InvalidState(f"run {run_id} kept opening gates; try again")
+
+    # --- gates ------------------------------------------------------------------------
+    async def get_gate(self, gate_id: str) -> Gate | None:
+        """The gate, or None (also for a malformed id)."""
+        if not valid_gate_id(gate_id):
+            return None
+        h = await self.redis.hgetall(self.keys.gate(gate_id))
+        return Gate.from_hash(h) if h else None
+
+    async def gates(self, run_id: str) -> list[Gate]:
+        """Every gate the run opened, oldest first."""
+        ids = await self.redis.smembers(self.keys.run_gates(run_id))
+        if not ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for g in ids:
+                pipe.hgetall(self.keys.gate(g))
+            hashes = await pipe.execute()
+        return sorted((Gate.from_hash(h) for h in hashes if h), key=lambda g: g.created_at)
+
+    async def pending_gates(self, run_id: str) -> list[Gate]:
+        """The run's gates still waiting for a decision."""
+        return [g for g in await self.gates(run_id) if g.status is GateStatus.PENDING]
+
+    async def decide(
+        self,
+        gate_id: str,
+        decision: Decision | str,
+        by: str,
+        reason: str | None = None,
+    ) -> DecideResult:
+        """Approve or deny a pending gate, atomically and exactly once.
+
+        The first decision wins; every later one (a double click, a second approver, a click
+        racing the expiry) gets ``applied=False`` and the gate as the first decision left it.
+        A decision arriving after the deadline turns the gate ``expired``.
+        """
+        decision = Decision(decision)
+        if not by:
+            raise ValueError("by is required")
+        return await self._apply(gate_id, decision.status.value, by, reason)
+
+    async def expire(self, gate_id: str) -> DecideResult | None:
+        """Expire a gate whose deadline has passed (the sweeper's path); None if not due."""
+        try:
+            return await self._apply(gate_id, GateStatus.EXPIRED.value, "", None)
+        except InvalidState:
+            return None
+
+    async def _apply(self, gate_id: str, status: str, by: str, reason: str | None) -> DecideResult:
+        if not valid_gate_id(gate_id):
+            raise GateNotFound(f"no gate {gate_id[:40]!r}")
+        k = self.keys
+        run_id = await self.redis.hget(k.gate(gate_id), "run_id")
+        if run_id is None:
+            raise GateNotFound(f"no gate {gate_id!r}")
+        res = await self._decide(
+            keys=[k.gate(gate_id), k.run(run_id), k.deadlines(), k.jobs(), k.events()],
+            args=[gate_id, status, by, (reason or "")[:MAX_REASON_CHARS], self.events_maxlen, run_id],
+        )
+        if res[0] == "missing":
+            raise GateNotFound(f"no gate {gate_id!r}")
+        if res[0] == "not_due":
+            raise InvalidState(f"gate {gate_id} is not due yet")
+        gate = await self.get_gate(gate_id)
+        assert gate is not None
+        return DecideResult(applied=res[0] == "applied", gate=gate)
+
+    async def due_gates(self, limit: int = 100) -> tuple[list[str], float | None]:
+        """Pending gate ids past their deadline (Redis clock), and the next deadline after them."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.time()
+            pipe.zrange(self.keys.deadlines(), 0, limit, withscores=True)
+            (sec, usec), entries = await pipe.execute()
+        now = sec + usec / 1e6
+        due = [g for g, score in entries if score <= now]
+        later = [score for _, score in entries if score > now]
+        return due, (later[0] - now if later else None)
+
+    # --- events -----------------------------------------------------------------------
+    def event_consumer(
+        self, group: str, consumer: str, *, claim_idle_ms: int = 30_000
+    ) -> EventConsumer:
+        """A consumer-group reader of the events stream."""
+        return EventConsumer(self.redis, self.keys, group, consumer, claim_idle_ms=claim_idle_ms)

@@ -1,0 +1,62 @@
+"""What the model is told about each outcome. Expiry and refusal never read alike."""
+
+from __future__ import annotations
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    if s % 60 == 0 and s >= 60:
+        m = s // 60
+        return f"{m} minute{'s' if m != 1 else ''} ({s} s)"
+    return f"{s} s"
+
+
+def denied(tool: str, by: str, reason: str | None) -> str:
+    why = f" Their reason: {reason.strip()}" if reason and reason.strip() else " They gave no reason."
+    return (
+        f"Not executed: the user {by} declined this call to {tool}.{why} "
+        "Do not retry this call (or an equivalent one) unless the user asks you to."
+    )
+
+
+def expired(tool: str, timeout: float) -> str:
+    return (
+        f"Not executed: the approval request for this call to {tool} timed out. No decision "
+        f"arrived within {_duration(timeout)}, so the call was not executed. Nobody declined it; "
+        "no one answered in time. Tell the user it timed out rather than retrying on your own."
+    )
+
+
+def cancelled(tool: str, by: str) -> str:
+    return f"Not executed: the run was cancelled by {by or 'a user'} before this call to {tool} ran."
+
+
+def in_doubt(tool: str) -> str:
+    return (
+        f"Outcome unknown: the worker running {tool} stopped before it reported a result, so the "
+        "call may or may not have taken effect. It was not run again. Tell the user the outcome "
+        "is in doubt and that it should be checked before any retry."
+    )
+
+
+def tool_raised(tool: str, exc: BaseException) -> str:
+    return f"Error: the tool {tool} failed: {type(exc).__name__}: {exc}"
+
+
+def invalid_arguments(tool: str, problem: str) -> str:
+    return (
+        f"Error: the call to {tool} was rejected before any approval or execution: {problem}. "
+        "Nothing ran. Correct the arguments and call again if still needed."
+    )
+
+
+def unknown_tool(name: str, available: list[str]) -> str:
+    names = ", ".join(available) or "none"
+    return f"Error: there is no tool named {name!r}. Nothing ran. Available tools: {names}."
+
+
+def args_changed(tool: str) -> str:
+    return (
+        f"Not executed: the arguments of this call to {tool} no longer match what the approver "
+        "saw (hash mismatch), so the approval was not applied."
+    )

@@ -1,0 +1,169 @@
+"""States and records: what a run, a gate and an event look like to callers."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class RunStatus(str, Enum):
+    """``queued → running → awaiting_approval → running → … → completed | failed | cancelled``."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class GateStatus(str, Enum):
+    """``pending → approved | denied | expired | cancelled``, exactly once."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+class Decision(str, Enum):
+    """What a person may decide about a gate."""
+
+    APPROVE = "approve"
+    DENY = "deny"
+
+    @property
+    def status(self) -> GateStatus:
+        return GateStatus.APPROVED if self is Decision.APPROVE else GateStatus.DENIED
+
+
+class EventType(str, Enum):
+    """Event types on the events stream."""
+
+    RUN_STARTED = "run.started"
+    GATE_OPENED = "gate.opened"
+    GATE_DECIDED = "gate.decided"
+    TOOL_EXECUTED = "tool.executed"
+    RUN_COMPLETED = "run.completed"
+    RUN_FAILED = "run.failed"
+    RUN_CANCELLED = "run.cancelled"
+
+
+def _opt_float(value: str | None) -> float | None:
+    return float(value) if value not in (None, "") else None
+
+
+class Run(BaseModel):
+    """A run as stored in Redis."""
+
+    run_id: str
+    agent: str
+    task: str
+    requested_by: str
+    origin: dict[str, Any] = Field(default_factory=dict)
+    status: RunStatus
+    created_at: float
+    updated_at: float
+    turn: int = 0
+    pending: int = 0
+    final: str | None = None
+    error: str | None = None
+    cancelled_by: str | None = None
+
+    @classmethod
+    def from_hash(cls, h: dict[str, str]) -> Run:
+        return cls(
+            run_id=h["run_id"],
+            agent=h.get("agent", ""),
+            task=h.get("task", ""),
+            requested_by=h.get("requested_by", ""),
+            origin=json.loads(h.get("origin") or "{}"),
+            status=RunStatus(h["status"]),
+            created_at=float(h.get("created_at") or 0),
+            updated_at=float(h.get("updated_at") or 0),
+            turn=int(h.get("turn") or 0),
+            pending=int(h.get("pending") or 0),
+            final=h.get("final") or None,
+            error=h.get("error") or None,
+            cancelled_by=h.get("cancelled_by") or None,
+        )
+
+
+class Gate(BaseModel):
+    """One approval gate: a gated tool call waiting for (or past) a decision."""
+
+    gate_id: str
+    run_id: str
+    call_id: str
+    turn: int
+    tool: str
+    description: str = ""
+    args: dict[str, Any]
+    args_hash: str
+    status: GateStatus
+    agent: str = ""
+    requested_by: str = ""
+    origin: dict[str, Any] = Field(default_factory=dict)
+    created_at: float
+    deadline: float
+    timeout: float
+    decided_by: str | None = None
+    decided_at: float | None = None
+    reason: str | None = None
+    nested: bool = False
+
+    @classmethod
+    def from_hash(cls, h: dict[str, str]) -> Gate:
+        return cls(
+            gate_id=h["gate_id"],
+            run_id=h["run_id"],
+            call_id=h["call_id"],
+            turn=int(h["turn"]),
+            tool=h["tool"],
+            description=h.get("description", ""),
+            args=json.loads(h["args"]),
+            args_hash=h["args_hash"],
+            status=GateStatus(h["status"]),
+            agent=h.get("agent", ""),
+            requested_by=h.get("requested_by", ""),
+            origin=json.loads(h.get("origin") or "{}"),
+            created_at=float(h["created_at"]),
+            deadline=float(h["deadline"]),
+            timeout=float(h["timeout"]),
+            decided_by=h.get("decided_by") or None,
+            decided_at=_opt_float(h.get("decided_at")),
+            reason=h.get("reason") or None,
+            nested=h.get("nested") == "1",
+        )
+
+
+class DecideResult(BaseModel):
+    """The outcome of :meth:`Gateway.decide`.
+
+    ``applied`` is true only for the one call that moved the gate out of ``pending``;
+    every other call gets ``applied=False`` and the gate as the first decision left it.
+    """
+
+    applied: bool
+    gate: Gate
+
+    @property
+    def status(self) -> GateStatus:
+        return self.gate.status
+
+
+class Event(BaseModel):
+    """One entry of the events stream."""
+
+    id: str
+    type: EventType
+    run_id: str
+    data: dict[str, Any]

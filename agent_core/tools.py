@@ -1,0 +1,202 @@
+"""The ``@tool`` decorator: a Python function the model may call.
+
+The JSON schema sent to the model is built from the function's type hints and docstring with
+pydantic; the model's arguments are validated against the same model before anything else
+happens (approval included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from .exceptions import ToolArgumentsError, ToolDefinitionError
+
+ApprovalRule = bool | Callable[[dict[str, Any]], bool] | None
+
+_ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
+_ARG_LINE = re.compile(r"^\s+(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+
+
+def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into (description, {param: description})."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    desc: list[str] = []
+    params: dict[str, str] = {}
+    in_args = False
+    for line in lines:
+        if _ARGS_HEADER.match(line):
+            in_args = True
+            continue
+        if in_args:
+            m = _ARG_LINE.match(line)
+            if m:
+                params[m.group(1)] = m.group(2).strip()
+            elif line.strip() and not line.startswith(" "):
+                in_args = False
+        if not in_args and not _ARGS_HEADER.match(line):
+            desc.append(line)
+    return "\n".join(desc).strip(), params
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A function the model may call, with its schema and approval rule."""
+
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    params_model: type[BaseModel]
+    requires_approval: ApprovalRule = None
+    idempotent: bool = False
+    schema: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        requires_approval: ApprovalRule = None,
+        idempotent: bool = False,
+    ) -> Tool:
+        """Describe ``fn`` as a tool (see :func:`tool`)."""
+        if not callable(fn):
+            raise ToolDefinitionError(f"{fn!r} is not callable")
+        tool_name = name or fn.__name__
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tool_name):
+            raise ToolDefinitionError(f"tool name {tool_name!r} must match [A-Za-z0-9_-]{{1,64}}")
+        doc_desc, param_docs = _parse_docstring(inspect.getdoc(fn))
+        try:
+            hints = inspect.get_annotations(fn, eval_str=True)
+        except Exception as exc:
+            raise ToolDefinitionError(f"tool {tool_name}: cannot read type hints: {exc}") from exc
+        fields: dict[str, Any] = {}
+        for pname, param in inspect.signature(fn).parameters.items():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise ToolDefinitionError(f"tool {tool_name}: *args/**kwargs are not supported")
+            if pname not in hints:
+                raise ToolDefinitionError(f"tool {tool_name}: parameter {pname!r} needs a type hint")
+            default = ... if param.default is param.empty else param.default
+
+            fields[pname] = (hints[pname], Field(default, description=param_docs.get(pname)))
+        model = create_model(  # type: ignore[call-overload]
+            f"{tool_name}_args",
+            __config__=ConfigDict(extra="forbid"),
+            **fields,
+        )
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        for prop in schema.get("properties", {}).values():
+            prop.pop("title", None)
+        return cls(
+            name=tool_name,
+            description=description or doc_desc or tool_name,
+            fn=fn,
+            params_model=model,
+            requires_approval=requires_approval,
+            idempotent=idempotent,
+            schema=schema,
+        )
+
+    def openai_schema(self) -> dict[str, Any]:
+        """The entry of ``tools`` in a Chat Completions request."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.schema,
+            },
+        }
+
+    def validate(self, raw_arguments: str) -> dict[str, Any]:
+        """Parse and validate the model's arguments; :class:`ToolArgumentsError` if invalid."""
+        try:
+            data = json.loads(raw_arguments or "{}")
+        except json.JSONDecodeError as exc:
+            raise ToolArgumentsError(f"arguments are not valid JSON ({exc.msg} at {exc.pos})") from exc
+        if not isinstance(data, dict):
+            raise ToolArgumentsError("arguments must be a JSON object")
+        try:
+            self.params_model.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            )
+            raise ToolArgumentsError(f"invalid arguments: {problems}") from exc
+        return data
+
+    async def call(self, args: Mapping[str, Any]) -> str:
+        """Run the tool with validated arguments and return its output as text.
+
+        Sync functions run in a thread so they never block the worker's event loop.
+        """
+        parsed = self.params_model.model_validate(dict(args))
+        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        if inspect.iscoroutinefunction(self.fn):
+            result = await self.fn(**kwargs)
+        else:
+            result = await asyncio.to_thread(self.fn, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        if isinstance(result, str):
+            return result
+        if isinstance(result, BaseModel):
+            return result.model_dump_json()
+        return json.dumps(result, default=str)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    requires_approval: ApprovalRule = None,
+    idempotent: bool = False,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    requires_approval: ApprovalRule = None,
+    idempotent: bool = False,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turn a function (sync or async) into a :class:`Tool`.
+
+    ``requires_approval``: ``True`` always gates, ``False`` never does, a callable decides from
+    the call's arguments (a dict; if it raises, the call is gated), ``None`` follows the agent's
+    ``approval_policy``. ``idempotent=True`` lets a call left in doubt by a crash run again.
+    """
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool.from_function(
+            f,
+            name=name,
+            description=description,
+            requires_approval=requires_approval,
+            idempotent=idempotent,
+        )
+
+    if fn is not None:
+        return wrap(fn)
+    return wrap

@@ -1,0 +1,296 @@
+"""The worker process: consumes start/resume jobs, advances runs, expires overdue gates.
+
+Run it with ``python -m agent_core.worker`` (or the ``agent-worker`` script). Any number of
+workers may run against one Redis: jobs are shared through a consumer group, a run is advanced
+by one worker at a time (a lease renewed while it works), and a dead worker's jobs are claimed
+by the others once idle for ``WORKER_LEASE`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+from urllib.parse import urlsplit
+
+from openai import AsyncOpenAI
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from . import scripts
+from .agent import Agent
+from .connections import create_redis
+from .exceptions import ConfigError, GateNotFound
+from .gateway import Gateway, valid_run_id
+from .keys import Keys
+from .runner import Runner
+from .settings import Settings
+from .streams import StreamConsumer, StreamMessage
+
+log = logging.getLogger("agent_core.worker")
+
+JOBS_GROUP = "workers"
+
+
+def load_agent(path: str) -> Agent:
+    """Import ``package.module:attribute`` and check that it is an :class:`Agent`."""
+    module_name, _, attr = path.partition(":")
+    try:
+        obj: object = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise ConfigError(f"AGENT is invalid: cannot import {path!r} ({type(exc).__name__}: {exc})") from None
+    if not isinstance(obj, Agent):
+        raise ConfigError(f"AGENT is invalid: {path!r} is a {type(obj).__name__}, not an Agent")
+    return obj
+
+
+def redacted(url: str) -> str:
+    """A Redis URL without its password, for logs and errors."""
+    parts = urlsplit(url)
+    if parts.password:
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        return parts._replace(netloc=f"{user}{host}{port}").geturl()
+    return url
+
+
+class Worker:
+    """Consumes the jobs stream and sweeps expired gates until stopped."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        agent: Agent,
+        client: AsyncOpenAI,
+        settings: Settings,
+        *,
+        name: str | None = None,
+    ) -> None:
+        self.redis = redis
+        self.agent = agent
+        self.settings = settings
+        self.keys = Keys(settings.key_prefix)
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.gateway = Gateway(
+            redis, self.keys, agent_name=agent.name, events_maxlen=settings.events_maxlen
+        )
+        self.runner = Runner(
+            redis,
+            self.keys,
+            agent,
+            client,
+            model=settings.openai_model,
+            approval_timeout=settings.approval_timeout,
+            events_maxlen=settings.events_maxlen,
+        )
+        lease_ms = int(settings.worker_lease * 1000)
+        self.lease_ms = lease_ms
+        self.jobs = StreamConsumer(
+            redis,
+            self.keys.jobs(),
+            JOBS_GROUP,
+            self.name,
+            dead_stream=self.keys.dead_jobs(),
+            claim_idle_ms=lease_ms,
+            max_deliveries=settings.job_max_deliveries,
+        )
+        self._renew = redis.register_script(scripts.RENEW_LOCK)
+        self._release = redis.register_script(scripts.RELEASE_LOCK)
+        self._slots = asyncio.Semaphore(settings.worker_concurrency)
+        self._inflight: set[asyncio.Task[None]] = set()
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        """Serve until :meth:`stop`; in-flight jobs get a short grace period."""
+        log.info("worker %s serving agent %r", self.name, self.agent.name)
+        sweeper = asyncio.create_task(self._sweep_forever(), name="sweeper")
+        try:
+            await self._consume_forever()
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            if self._inflight:
+                _done, pending = await asyncio.wait(self._inflight, timeout=5)
+                for t in pending:  # not acknowledged: another worker resumes them
+                    t.cancel()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    # --- jobs -------------------------------------------------------------------------
+    async def _consume_forever(self) -> None:
+        backoff = 0.1
+        while not self.stopping.is_set():
+            await self._slots.acquire()
+            try:
+                free = self.settings.worker_concurrency - len(self._inflight)
+                msgs = await self.jobs.read(count=min(free, 50), block_ms=1000)
+                backoff = 0.1
+            except (RedisError, OSError) as exc:
+                self._slots.release()
+                log.warning("jobs: Redis unavailable (%s); retrying in %.1fs", type(exc).__name__, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            if not msgs:
+                self._slots.release()
+                continue
+            for i, msg in enumerate(msgs):
+                if i > 0:
+                    await self._slots.acquire()
+                task = asyncio.create_task(self._handle(msg))
+                self._inflight.add(task)
+                task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._slots.release()
+
+    async def _handle(self, msg: StreamMessage) -> None:
+        run_id = msg.fields.get("run_id", "")
+        try:
+            if not valid_run_id(run_id) or msg.fields.get("type") not in ("start", "resume"):
+                log.error("malformed job %s dead-lettered", msg.id)
+                await self.jobs.dead_letter(msg, "malformed job")
+                return
+            if msg.deliveries > self.jobs.max_deliveries:
+                error = (
+                    f"the worker failed to process this run {msg.deliveries - 1} times "
+                    "(crash or error each time); the job was moved to the dead-letter stream"
+                )
+                await self.runner.fail(run_id, error)
+                await self.jobs.dead_letter(msg, error)
+                log.error("run %s: job %s dead-lettered", run_id, msg.id)
+                return
+            token = secrets.token_hex(8)
+            if not await self._lock(run_id, token):
+                # Another worker is advancing this run; leave the job pending (not acked):
+                # it is claimed again once idle, and finds the run's new state.
+                log.info("run %s is busy elsewhere; job %s left pending", run_id, msg.id)
+                return
+            heartbeat = asyncio.create_task(self._heartbeat(run_id, token, msg))
+            try:
+                await self.runner.advance(run_id)
+                await self.jobs.ack(msg.id)
+            finally:
+                heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heartbeat
+                with contextlib.suppress(RedisError, OSError):
+                    await self._release(keys=[self.keys.lock(run_id)], args=[token])
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # Not acknowledged: the job is delivered again after WORKER_LEASE, and
+            # dead-lettered after JOB_MAX_DELIVERIES attempts.
+            log.exception("run %s: job %s failed", run_id, msg.id)
+
+    async def _lock(self, run_id: str, token: str) -> bool:
+        key = self.keys.lock(run_id)
+        for attempt in range(20):
+            if await self.redis.set(key, token, nx=True, px=self.lease_ms):
+                return True
+            await asyncio.sleep(min(0.01 * 2**attempt, 0.25))
+        return False
+
+    async def _heartbeat(self, run_id: str, token: str, msg: StreamMessage) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ms / 3000)
+            try:
+                await self._renew(keys=[self.keys.lock(run_id)], args=[token, self.lease_ms])
+                await self.jobs.touch(msg.id)
+            except (RedisError, OSError) as exc:
+                log.warning("run %s: heartbeat failed (%s)", run_id, type(exc).__name__)
+
+    # --- expiry -----------------------------------------------------------------------
+    async def _sweep_forever(self) -> None:
+        interval = self.settings.sweep_interval
+        while not self.stopping.is_set():
+            try:
+                expired = await self.sweep()
+                due, next_in = await self.gateway.due_gates(limit=1)
+                wait = 0.0 if (expired and due) else min(next_in or interval, interval)
+            except (RedisError, OSError) as exc:
+                log.warning("sweeper: Redis unavailable (%s)", type(exc).__name__)
+                wait = interval
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), timeout=max(wait, 0.005))
+
+    async def sweep(self, limit: int = 100) -> int:
+        """Expire every overdue gate (several workers may sweep at once); how many moved."""
+        due, _ = await self.gateway.due_gates(limit)
+        moved = 0
+        for gate_id in due:
+            try:
+                res = await self.gateway.expire(gate_id)
+            except GateNotFound:
+                await self.redis.zrem(self.keys.deadlines(), gate_id)
+                continue
+            if res is not None and res.applied:
+                moved += 1
+                log.info("gate %s expired", gate_id)
+        return moved
+
+
+async def serve(settings: Settings) -> None:
+    """Start a worker with these settings and serve until SIGTERM or SIGINT."""
+    settings.require_openai()
+    agent = load_agent(settings.agent)
+    redis = create_redis(settings.redis_url)
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as exc:
+        raise ConfigError(
+            f"REDIS_URL: cannot reach Redis at {redacted(settings.redis_url)} ({type(exc).__name__})"
+        ) from None
+    assert settings.openai_api_key is not None
+    client = AsyncOpenAI(
+        api_key=settings.openai_api_key.get_secret_value(),
+        base_url=settings.openai_base_url,
+        max_retries=settings.openai_max_retries,
+        timeout=settings.openai_timeout,
+    )
+    worker = Worker(redis, agent, client, settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    try:
+        await worker.run()
+    finally:
+        await client.close()
+        await redis.aclose()
+
+
+def main() -> None:
+    """Entry point of ``python -m agent_core.worker``."""
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    logging.basicConfig(
+        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    for noisy in ("httpx", "openai._base_client"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        asyncio.run(serve(settings))
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

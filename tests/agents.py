@@ -1,0 +1,98 @@
+"""Agents used by the tests, importable by worker subprocesses (``AGENT=tests.agents:ops``).
+
+Every tool appends a line to the journal file named by ``TEST_JOURNAL`` before and after its
+work, so a test sees each side effect, across processes, exactly as many times as it happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from agent_core import Agent, tool
+
+
+def journal(line: str) -> None:
+    path = os.environ.get("TEST_JOURNAL")
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_journal(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f]
+    except FileNotFoundError:
+        return []
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look something up (never gated)."""
+    journal(f"lookup:{key}")
+    return f"value of {key}"
+
+
+@tool(requires_approval=True)
+async def delete_user(user_id: str) -> str:
+    """Permanently delete a user."""
+    journal(f"delete_user:{user_id}")
+    return f"user {user_id} deleted"
+
+
+@tool(requires_approval=lambda args: not args["to"].endswith("@example.com"))
+def send_email(to: str, subject: str, body: str) -> str:
+    """Send an email."""
+    journal(f"send_email:{to}")
+    return f"sent to {to}"
+
+
+@tool
+def charge(account: str, amount: int) -> str:
+    """Charge an account (gated by the agent's policy list)."""
+    journal(f"charge:{account}:{amount}")
+    return f"charged {amount} to {account}"
+
+
+@tool(requires_approval=True)
+def transfer(amount: int) -> str:
+    """Move money slowly (the test kills the worker while it runs)."""
+    journal(f"transfer:start:{amount}")
+    time.sleep(float(os.environ.get("TEST_SLOW_SECONDS", "0")))
+    journal(f"transfer:end:{amount}")
+    return f"transferred {amount}"
+
+
+@tool(requires_approval=True, idempotent=True)
+async def sync_mirror(name: str) -> str:
+    """Re-sync a mirror (idempotent: safe to run again after a crash)."""
+    journal(f"sync_mirror:start:{name}")
+    await asyncio.sleep(float(os.environ.get("TEST_SLOW_SECONDS", "0")))
+    journal(f"sync_mirror:end:{name}")
+    return f"mirror {name} synced"
+
+
+@tool
+def explode(why: str) -> str:
+    """Always fails."""
+    raise RuntimeError(f"exploded: {why}")
+
+
+@tool(requires_approval=lambda args: args["x"] / 0 > 1)
+def risky(x: int) -> str:
+    """Its approval rule raises: the call must be gated (fail closed)."""
+    journal(f"risky:{x}")
+    return "ok"
+
+
+ops = Agent(
+    name="test-ops",
+    instructions="You are a test agent.",
+    tools=[lookup, delete_user, send_email, charge, transfer, sync_mirror, explode, risky],
+    approval_policy=["charge"],
+)

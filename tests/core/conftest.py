@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from agent_core import Settings
+from agent_core.testing import FakeOpenAI
+from tests.agents import ops
+from tests.core.harness import Harness
+
+
+@pytest.fixture
+def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "journal.txt"
+    monkeypatch.setenv("TEST_JOURNAL", str(path))
+    return path
+
+
+def core_settings(redis_url: str, base_url: str, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "REDIS_URL": redis_url,
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_API_KEY": "sk-test-not-a-secret",
+        "OPENAI_MODEL": "fake-model",
+        "OPENAI_MAX_RETRIES": 2,
+        "KEY_PREFIX": "t",
+        "APPROVAL_TIMEOUT": 30,
+        "WORKER_LEASE": 1.0,
+        "SWEEP_INTERVAL": 0.05,
+    }
+    values.update(overrides)
+    return Settings.from_env(**values)
+
+
+@pytest.fixture
+async def harness(
+    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
+) -> AsyncIterator[Harness]:
+    h = Harness(redis, core_settings(redis_url, fake_openai.base_url), ops)
+    h.start_worker()
+    try:
+        yield h
+    finally:
+        await h.close()
