@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -50,9 +51,14 @@ class Agent:
         else:
             unknown = sorted(set(policy) - set(names))
             if unknown:
-                raise ValueError(f"agent {self.name!r}: approval_policy names unknown tools {unknown}")
-        if self.approval_timeout is not None and self.approval_timeout <= 0:
-            raise ValueError(f"agent {self.name!r}: approval_timeout must be positive")
+                raise ValueError(
+                    f"agent {self.name!r}: approval_policy names unknown tools {unknown}"
+                )
+        timeout = self.approval_timeout
+        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+            raise ValueError(
+                f"agent {self.name!r}: approval_timeout must be a positive number of seconds"
+            )
         self.tools = tools
         self._by_name = {t.name: t for t in tools}
 
@@ -72,7 +78,9 @@ class Agent:
             try:
                 return bool(rule(dict(args)))
             except Exception:
-                log.warning("approval rule of tool %s raised; gating the call", t.name, exc_info=True)
+                log.warning(
+                    "approval rule of tool %s raised; gating the call", t.name, exc_info=True
+                )
                 return True
         policy = self.approval_policy
         if policy == "all":

@@ -22,30 +22,42 @@ from .exceptions import ToolArgumentsError, ToolDefinitionError
 ApprovalRule = bool | Callable[[dict[str, Any]], bool] | None
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
-_ARG_LINE = re.compile(r"^\s+(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+_ARG_LINE = re.compile(r"^(\s+)(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 
 
 def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """Split a Google-style docstring into (description, {param: description})."""
+    """Split a Google-style docstring into (description, {param: description}).
+
+    A parameter's description may continue on lines indented deeper than its name.
+    """
     if not doc:
         return "", {}
-    lines = inspect.cleandoc(doc).splitlines()
     desc: list[str] = []
-    params: dict[str, str] = {}
+    params: dict[str, list[str]] = {}
     in_args = False
-    for line in lines:
+    arg_indent: int | None = None
+    current: str | None = None
+    for line in inspect.cleandoc(doc).splitlines():
         if _ARGS_HEADER.match(line):
-            in_args = True
+            in_args, arg_indent, current = True, None, None
             continue
         if in_args:
-            m = _ARG_LINE.match(line)
-            if m:
-                params[m.group(1)] = m.group(2).strip()
-            elif line.strip() and not line.startswith(" "):
-                in_args = False
-        if not in_args and not _ARGS_HEADER.match(line):
-            desc.append(line)
-    return "\n".join(desc).strip(), params
+            if not line.strip():
+                continue
+            indent = len(line) - len(line.lstrip())
+            if indent == 0:
+                in_args = False  # the section ended: this line is description again
+            else:
+                m = _ARG_LINE.match(line)
+                if current is not None and arg_indent is not None and indent > arg_indent:
+                    params[current].append(line.strip())
+                elif m and (arg_indent is None or indent == arg_indent):
+                    arg_indent, current = indent, m.group(2)
+                    params[current] = [m.group(3).strip()]
+                continue
+        desc.append(line)
+    described = {name: " ".join(w for w in words if w) for name, words in params.items()}
+    return "\n".join(desc).strip(), described
 
 
 @dataclass(frozen=True)
@@ -73,7 +85,9 @@ class Tool:
         """Describe ``fn`` as a tool (see :func:`tool`)."""
         if not callable(fn):
             raise ToolDefinitionError(f"{fn!r} is not callable")
-        tool_name = name or fn.__name__
+        tool_name = name or getattr(fn, "__name__", None)
+        if not isinstance(tool_name, str):
+            raise ToolDefinitionError(f"{fn!r} has no __name__: pass name=")
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tool_name):
             raise ToolDefinitionError(f"tool name {tool_name!r} must match [A-Za-z0-9_-]{{1,64}}")
         doc_desc, param_docs = _parse_docstring(inspect.getdoc(fn))
@@ -81,21 +95,31 @@ class Tool:
             hints = inspect.get_annotations(fn, eval_str=True)
         except Exception as exc:
             raise ToolDefinitionError(f"tool {tool_name}: cannot read type hints: {exc}") from exc
+        # Pydantic fields get neutral names (p0, p1, ...) and the parameter's name as alias, so
+        # that any identifier works as a parameter: json, schema, model_config, _private...
         fields: dict[str, Any] = {}
-        for pname, param in inspect.signature(fn).parameters.items():
+        for i, (pname, param) in enumerate(inspect.signature(fn).parameters.items()):
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise ToolDefinitionError(f"tool {tool_name}: *args/**kwargs are not supported")
             if pname not in hints:
-                raise ToolDefinitionError(f"tool {tool_name}: parameter {pname!r} needs a type hint")
+                raise ToolDefinitionError(
+                    f"tool {tool_name}: parameter {pname!r} needs a type hint"
+                )
             default = ... if param.default is param.empty else param.default
 
-            fields[pname] = (hints[pname], Field(default, description=param_docs.get(pname)))
-        model = create_model(  # type: ignore[call-overload]
-            f"{tool_name}_args",
-            __config__=ConfigDict(extra="forbid"),
-            **fields,
-        )
-        schema = model.model_json_schema()
+            fields[f"p{i}"] = (
+                hints[pname],
+                Field(default, alias=pname, description=param_docs.get(pname)),
+            )
+        try:
+            model = create_model(
+                f"{tool_name}_args",
+                __config__=ConfigDict(extra="forbid"),
+                **fields,
+            )
+            schema = model.model_json_schema()
+        except Exception as exc:
+            raise ToolDefinitionError(f"tool {tool_name}: {exc}") from exc
         schema.pop("title", None)
         for prop in schema.get("properties", {}).values():
             prop.pop("title", None)
@@ -125,7 +149,9 @@ class Tool:
         try:
             data = json.loads(raw_arguments or "{}")
         except json.JSONDecodeError as exc:
-            raise ToolArgumentsError(f"arguments are not valid JSON ({exc.msg} at {exc.pos})") from exc
+            raise ToolArgumentsError(
+                f"arguments are not valid JSON ({exc.msg} at {exc.pos})"
+            ) from exc
         if not isinstance(data, dict):
             raise ToolArgumentsError("arguments must be a JSON object")
         try:
@@ -144,7 +170,7 @@ class Tool:
         Sync functions run in a thread so they never block the worker's event loop.
         """
         parsed = self.params_model.model_validate(dict(args))
-        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        kwargs = {f.alias or n: getattr(parsed, n) for n, f in type(parsed).model_fields.items()}
         if inspect.iscoroutinefunction(self.fn):
             result = await self.fn(**kwargs)
         else:
