@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from redis.asyncio import Redis
 
 from .keys import Keys
-from .models import Event
+from .models import Event, EventType
 from .streams import StreamConsumer, StreamMessage
 
 log = logging.getLogger(__name__)
@@ -20,11 +20,11 @@ def parse_event(msg: StreamMessage) -> Event:
     try:
         return Event(
             id=msg.id,
-            type=msg.fields["type"],
+            type=EventType(msg.fields["type"]),
             run_id=msg.fields["run_id"],
             data=json.loads(msg.fields.get("data") or "{}"),
         )
-    except (KeyError, json.JSONDecodeError, ValidationError) as exc:
+    except (KeyError, ValueError, ValidationError) as exc:
         raise ValueError(f"malformed event {msg.id}: {exc}") from exc
 
 

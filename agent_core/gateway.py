@@ -200,7 +200,14 @@ class Gateway:
             raise GateNotFound(f"no gate {gate_id!r}")
         res = await self._decide(
             keys=[k.gate(gate_id), k.run(run_id), k.deadlines(), k.jobs(), k.events()],
-            args=[gate_id, status, by, (reason or "")[:MAX_REASON_CHARS], self.events_maxlen, run_id],
+            args=[
+                gate_id,
+                status,
+                by,
+                (reason or "")[:MAX_REASON_CHARS],
+                self.events_maxlen,
+                run_id,
+            ],
         )
         if res[0] == "missing":
             raise GateNotFound(f"no gate {gate_id!r}")

@@ -12,7 +12,9 @@ def _duration(seconds: float) -> str:
 
 
 def denied(tool: str, by: str, reason: str | None) -> str:
-    why = f" Their reason: {reason.strip()}" if reason and reason.strip() else " They gave no reason."
+    why = (
+        f" Their reason: {reason.strip()}" if reason and reason.strip() else " They gave no reason."
+    )
     return (
         f"Not executed: the user {by} declined this call to {tool}.{why} "
         "Do not retry this call (or an equivalent one) unless the user asks you to."
@@ -28,7 +30,9 @@ def expired(tool: str, timeout: float) -> str:
 
 
 def cancelled(tool: str, by: str) -> str:
-    return f"Not executed: the run was cancelled by {by or 'a user'} before this call to {tool} ran."
+    return (
+        f"Not executed: the run was cancelled by {by or 'a user'} before this call to {tool} ran."
+    )
 
 
 def in_doubt(tool: str) -> str:

@@ -250,7 +250,10 @@ class Runner:
             args=[
                 turn,
                 _now(),
-                *(json.dumps({"role": "tool", "tool_call_id": c, "content": results[c]}) for c in order),
+                *(
+                    json.dumps({"role": "tool", "tool_call_id": c, "content": results[c]})
+                    for c in order
+                ),
             ],
         )
         return Step.CONTINUE if ok else Step.STOP
@@ -278,7 +281,8 @@ class Runner:
         """Record the result of a call that did not run."""
         cid = call["id"]
         await self.redis.hset(
-            self.keys.turn(run["run_id"], turn), mapping={f"state:{cid}": "done", f"result:{cid}": text}
+            self.keys.turn(run["run_id"], turn),
+            mapping={f"state:{cid}": "done", f"result:{cid}": text},
         )
         return text
 
@@ -310,7 +314,9 @@ class Runner:
         else:
             return await self.redis.hget(tkey, f"result:{cid}") or ""
         if len(output) > MAX_OUTPUT_CHARS:
-            output = output[:MAX_OUTPUT_CHARS] + f"\n[output truncated at {MAX_OUTPUT_CHARS} characters]"
+            output = (
+                output[:MAX_OUTPUT_CHARS] + f"\n[output truncated at {MAX_OUTPUT_CHARS} characters]"
+            )
         event = {
             "run_id": run_id,
             "call_id": cid,
@@ -332,7 +338,9 @@ class Runner:
             await pipe.execute()
         return output
 
-    async def _open_gates(self, run: dict[str, str], turn: int, calls: list[dict[str, Any]]) -> None:
+    async def _open_gates(
+        self, run: dict[str, str], turn: int, calls: list[dict[str, Any]]
+    ) -> None:
         run_id = run["run_id"]
         k = self.keys
         sec, usec = await self.redis.time()
@@ -364,7 +372,9 @@ class Runner:
                 "nested": "0",
             }
             event = {
-                k2: v for k2, v in fields.items() if k2 not in ("args", "origin", "status", "nested")
+                k2: v
+                for k2, v in fields.items()
+                if k2 not in ("args", "origin", "status", "nested")
             } | {
                 "args": call["args"],
                 "origin": origin,
@@ -377,7 +387,13 @@ class Runner:
             args += [gid, f"{deadline:.6f}", json.dumps(fields), json.dumps(event)]
             gate_keys.append(k.gate(gid))
         await self._open(
-            keys=[k.run(run_id), k.turn(run_id, turn), k.deadlines(), k.events(), k.run_gates(run_id)]
-            + gate_keys,
+            keys=[
+                k.run(run_id),
+                k.turn(run_id, turn),
+                k.deadlines(),
+                k.events(),
+                k.run_gates(run_id),
+                *gate_keys,
+            ],
             args=args,
         )

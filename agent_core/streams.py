@@ -109,9 +109,7 @@ class StreamConsumer:
 
     async def touch(self, msg_id: str) -> None:
         """Reset the idle time of a message this consumer is still working on."""
-        await self.redis.xclaim(
-            self.stream, self.group, self.consumer, 0, [msg_id], justid=True
-        )
+        await self.redis.xclaim(self.stream, self.group, self.consumer, 0, [msg_id], justid=True)
 
     async def dead_letter(self, msg: StreamMessage, reason: str) -> None:
         """Move a message to the dead-letter stream and acknowledge it, atomically."""

@@ -46,7 +46,9 @@ def load_agent(path: str) -> Agent:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except Exception as exc:
-        raise ConfigError(f"AGENT is invalid: cannot import {path!r} ({type(exc).__name__}: {exc})") from None
+        raise ConfigError(
+            f"AGENT is invalid: cannot import {path!r} ({type(exc).__name__}: {exc})"
+        ) from None
     if not isinstance(obj, Agent):
         raise ConfigError(f"AGENT is invalid: {path!r} is a {type(obj).__name__}, not an Agent")
     return obj
@@ -113,12 +115,22 @@ class Worker:
         """Serve until :meth:`stop`; in-flight jobs get a short grace period."""
         log.info("worker %s serving agent %r", self.name, self.agent.name)
         sweeper = asyncio.create_task(self._sweep_forever(), name="sweeper")
+        consumer = asyncio.create_task(self._consume_forever(), name="jobs")
+        stop = asyncio.create_task(self.stopping.wait())
         try:
-            await self._consume_forever()
+            await asyncio.wait({stop, consumer, sweeper}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (consumer, sweeper):
+                if task.done() and not task.cancelled() and task.exception():
+                    raise task.exception()  # type: ignore[misc]
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            stop.cancel()
+            # A job delivered to a read cancelled here stays pending and is claimed by
+            # another worker after WORKER_LEASE: nothing is lost.
+            for task in (consumer, sweeper):
+                task.cancel()
+            for task in (consumer, sweeper):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             if self._inflight:
                 _done, pending = await asyncio.wait(self._inflight, timeout=5)
                 for t in pending:  # not acknowledged: another worker resumes them
@@ -138,7 +150,9 @@ class Worker:
                 backoff = 0.1
             except (RedisError, OSError) as exc:
                 self._slots.release()
-                log.warning("jobs: Redis unavailable (%s); retrying in %.1fs", type(exc).__name__, backoff)
+                log.warning(
+                    "jobs: Redis unavailable (%s); retrying in %.1fs", type(exc).__name__, backoff
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue

@@ -64,12 +64,16 @@ class Harness:
         end = loop.time() + timeout
         while True:
             for e in self._seen:
-                if e.run_id == run_id and e.type == type_ and all(
-                    e.data.get(k) == v for k, v in match.items()
+                if (
+                    e.run_id == run_id
+                    and e.type == type_
+                    and all(e.data.get(k) == v for k, v in match.items())
                 ):
                     return e
             if loop.time() > end:
-                got = [(e.type.value, e.data.get("status")) for e in self._seen if e.run_id == run_id]
+                got = [
+                    (e.type.value, e.data.get("status")) for e in self._seen if e.run_id == run_id
+                ]
                 raise AssertionError(f"no {type_} {match} for {run_id} in {timeout}s; saw {got}")
             await self.events(block_ms=100)
 

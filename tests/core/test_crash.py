@@ -73,7 +73,10 @@ async def test_worker_killed_while_paused_resumes_on_a_fresh_worker(
 ) -> None:
     fake_openai.script(
         "kill paused",
-        [call("delete_user", {"user_id": "11"}), reply("done", expect=last_tool_contains("user 11 deleted"))],
+        [
+            call("delete_user", {"user_id": "11"}),
+            reply("done", expect=last_tool_contains("user 11 deleted")),
+        ],
     )
     first = spawn(redis_url)
     run = await observer.gateway.start_run("kill paused", requested_by="U1")
@@ -123,7 +126,10 @@ async def test_an_idempotent_tool_left_in_doubt_runs_again(
 ) -> None:
     fake_openai.script(
         "kill idem",
-        [call("sync_mirror", {"name": "m1"}), reply("synced", expect=last_tool_contains("mirror m1 synced"))],
+        [
+            call("sync_mirror", {"name": "m1"}),
+            reply("synced", expect=last_tool_contains("mirror m1 synced")),
+        ],
     )
     first = spawn(redis_url, TEST_SLOW_SECONDS="60")
     run = await observer.gateway.start_run("kill idem", requested_by="U1")
@@ -169,7 +175,9 @@ async def test_paused_runs_survive_a_redis_crash_with_aof(
 ) -> None:
     server = aof_redis()
     for i in range(3):
-        fake_openai.script(f"aof {i}", [call("delete_user", {"user_id": f"a{i}"}), reply(f"ok {i}")])
+        fake_openai.script(
+            f"aof {i}", [call("delete_user", {"user_id": f"a{i}"}), reply(f"ok {i}")]
+        )
     worker = spawn(server.url)
     client = Redis.from_url(server.url, decode_responses=True)
     h = Harness(client, core_settings(server.url, fake_openai.base_url), ops)

@@ -24,7 +24,9 @@ async def test_ungated_calls_run_without_a_gate(
     def saw_value(m: list[dict[str, Any]]) -> None:
         assert last_tool(m) == "value of k1"
 
-    fake_openai.script("look k1", [call("lookup", {"key": "k1"}), reply("k1 found", expect=saw_value)])
+    fake_openai.script(
+        "look k1", [call("lookup", {"key": "k1"}), reply("k1 found", expect=saw_value)]
+    )
     run = await harness.gateway.start_run("look k1", requested_by="U1")
     done = await harness.wait_finished(run.run_id)
     assert (done.status, done.final) == (RunStatus.COMPLETED, "k1 found")
@@ -88,12 +90,17 @@ async def test_denied_call_never_runs_and_model_is_told_who_and_why(
         assert "Do not retry" in text and "timed out" not in text
 
     fake_openai.script(
-        "delete 7", [call("delete_user", {"user_id": "7"}), reply("ok, not deleted", expect=told_denied)]
+        "delete 7",
+        [call("delete_user", {"user_id": "7"}), reply("ok, not deleted", expect=told_denied)],
     )
     run = await harness.gateway.start_run("delete 7", requested_by="U1")
     [opened] = await harness.opened_gates(run.run_id, 1)
-    res = await harness.gateway.decide(opened.data["gate_id"], "deny", by="U9", reason="wrong account")
-    assert res.applied and res.gate.status is GateStatus.DENIED and res.gate.reason == "wrong account"
+    res = await harness.gateway.decide(
+        opened.data["gate_id"], "deny", by="U9", reason="wrong account"
+    )
+    assert (
+        res.applied and res.gate.status is GateStatus.DENIED and res.gate.reason == "wrong account"
+    )
     done = await harness.wait_finished(run.run_id)
     assert done.status is RunStatus.COMPLETED
     assert read_journal(str(journal)) == []
@@ -136,7 +143,11 @@ async def test_two_gates_in_one_turn_resume_only_when_both_are_decided(
     harness: Harness, fake_openai: FakeOpenAI, journal: Path
 ) -> None:
     step = calls(
-        [("delete_user", {"user_id": "1"}), ("lookup", {"key": "a"}), ("delete_user", {"user_id": "2"})]
+        [
+            ("delete_user", {"user_id": "1"}),
+            ("lookup", {"key": "a"}),
+            ("delete_user", {"user_id": "2"}),
+        ]
     )
     ids = [tc.id for tc in step.tool_calls]
 
@@ -159,7 +170,9 @@ async def test_two_gates_in_one_turn_resume_only_when_both_are_decided(
     assert read_journal(str(journal)) == ["lookup:a"]  # nothing runs until the turn is decided
     assert len(fake_openai.requests_for("two")) == 1
 
-    assert (await harness.gateway.decide(g2.data["gate_id"], "deny", by="U3", reason="not needed")).applied
+    assert (
+        await harness.gateway.decide(g2.data["gate_id"], "deny", by="U3", reason="not needed")
+    ).applied
     done = await harness.wait_finished(run.run_id)
     assert (done.status, done.final) == (RunStatus.COMPLETED, "one of two")
     assert read_journal(str(journal)) == ["lookup:a", "delete_user:1"]
@@ -210,8 +223,16 @@ async def test_conditional_approval_and_agent_policy(
     outside = {"to": "eve@evil.test", "subject": "hi", "body": "b"}
     fake_openai.script(
         "mail",
-        [calls([("send_email", inside), ("send_email", outside), ("charge", {"account": "A", "amount": 5})]),
-         reply("mailed")],
+        [
+            calls(
+                [
+                    ("send_email", inside),
+                    ("send_email", outside),
+                    ("charge", {"account": "A", "amount": 5}),
+                ]
+            ),
+            reply("mailed"),
+        ],
     )
     fake_openai.script("risky", [call("risky", {"x": 1}), reply("r")])
     run = await harness.gateway.start_run("mail", requested_by="U1")
@@ -230,7 +251,9 @@ async def test_a_tool_that_raises_becomes_an_error_message_and_the_run_goes_on(
     def saw_error(m: list[dict[str, Any]]) -> None:
         assert last_tool(m) == "Error: the tool explode failed: RuntimeError: exploded: because"
 
-    fake_openai.script("boom", [call("explode", {"why": "because"}), reply("it failed", expect=saw_error)])
+    fake_openai.script(
+        "boom", [call("explode", {"why": "because"}), reply("it failed", expect=saw_error)]
+    )
     run = await harness.gateway.start_run("boom", requested_by="U1")
     done = await harness.wait_finished(run.run_id)
     assert (done.status, done.final) == (RunStatus.COMPLETED, "it failed")
@@ -266,7 +289,9 @@ async def test_model_errors_are_retried_then_fail_the_run_and_the_worker_survive
 async def test_cancel_closes_pending_gates_and_later_clicks_change_nothing(
     harness: Harness, fake_openai: FakeOpenAI, journal: Path
 ) -> None:
-    fake_openai.script("cancel me", [calls([("delete_user", {"user_id": "1"}), ("delete_user", {"user_id": "2"})])])
+    fake_openai.script(
+        "cancel me", [calls([("delete_user", {"user_id": "1"}), ("delete_user", {"user_id": "2"})])]
+    )
     run = await harness.gateway.start_run("cancel me", requested_by="U1", origin={"c": 1})
     g1, g2 = await harness.opened_gates(run.run_id, 2)
     assert (await harness.gateway.decide(g1.data["gate_id"], "approve", by="U2")).applied
@@ -298,7 +323,14 @@ async def test_history_is_append_only_and_paused_runs_hold_no_memory(
     await harness.wait_finished(run.run_id)
     after = await harness.history(run.run_id)
     assert after[: len(paused)] == paused
-    assert [m["role"] for m in after] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert [m["role"] for m in after] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     # The model saw the same history plus the system instructions.
     last = fake_openai.requests_for("steps")[-1]["messages"]
     assert last[0] == {"role": "system", "content": "You are a test agent."}

@@ -75,7 +75,9 @@ async def test_clicks_racing_the_expiry_end_with_one_decision(
             results[run_id] = [(o.applied, o.gate.status.value) for o in outs]
 
         offsets = [-0.02, -0.01, -0.005, 0.0, 0.0, 0.005, 0.01, 0.02]
-        await asyncio.gather(*(click_near_deadline(r.run_id, o) for r, o in zip(runs, offsets)))
+        await asyncio.gather(
+            *(click_near_deadline(r.run_id, o) for r, o in zip(runs, offsets, strict=False))
+        )
         for r in runs:
             await h.wait_finished(r.run_id)
         events = await h.events()

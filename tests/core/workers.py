@@ -16,7 +16,7 @@ class WorkerProcess:
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.log = log
-        self._out = open(log, "ab")  # noqa: SIM115 - closed in wait()/kill()
+        self._out = open(log, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agent_core.worker"],
             cwd=REPO,
