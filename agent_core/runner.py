@@ -63,6 +63,7 @@ class Runner:
         model: str,
         approval_timeout: float,
         events_maxlen: int = 100_000,
+        max_turns: int = 30,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -71,6 +72,7 @@ class Runner:
         self.model = agent.model or model
         self.approval_timeout = agent.approval_timeout or approval_timeout
         self.maxlen = events_maxlen
+        self.max_turns = max_turns
         self._begin = redis.register_script(scripts.BEGIN_RUN)
         self._record = redis.register_script(scripts.RECORD_TURN)
         self._claim = redis.register_script(scripts.CLAIM_CALL)
@@ -128,6 +130,11 @@ class Runner:
     async def _model_turn(self, run: dict[str, str], turn: int) -> Step:
         run_id = run["run_id"]
         k = self.keys
+        if turn >= self.max_turns:
+            await self.fail(
+                run_id, f"stopped after {turn} model turns (MAX_TURNS): the agent kept calling tools"
+            )
+            return Step.STOP
         history = [json.loads(m) for m in await self.redis.lrange(k.history(run_id), 0, -1)]
         request: dict[str, Any] = {
             "model": self.model,

@@ -27,6 +27,7 @@ class Settings(BaseSettings):
     openai_timeout: float = Field(120.0, validation_alias="OPENAI_TIMEOUT", gt=0)
     agent: str = Field(DEFAULT_AGENT, validation_alias="AGENT", pattern=r"^[\w.]+:[\w.]+$")
     approval_timeout: float = Field(300.0, validation_alias="APPROVAL_TIMEOUT", gt=0)
+    max_turns: int = Field(30, validation_alias="MAX_TURNS", ge=1, le=1000)
     worker_concurrency: int = Field(16, validation_alias="WORKER_CONCURRENCY", ge=1, le=1000)
     worker_lease: float = Field(30.0, validation_alias="WORKER_LEASE", ge=0.5)
     job_max_deliveries: int = Field(5, validation_alias="JOB_MAX_DELIVERIES", ge=1)

@@ -93,6 +93,7 @@ class Worker:
             model=settings.openai_model,
             approval_timeout=settings.approval_timeout,
             events_maxlen=settings.events_maxlen,
+            max_turns=settings.max_turns,
         )
         lease_ms = int(settings.worker_lease * 1000)
         self.lease_ms = lease_ms

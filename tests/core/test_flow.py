@@ -337,3 +337,24 @@ async def test_history_is_append_only_and_paused_runs_hold_no_memory(
     assert [json.dumps(m, sort_keys=True) for m in last[1:]] == [
         json.dumps(m, sort_keys=True) for m in after[:-1]
     ]
+
+
+async def test_a_run_that_never_stops_calling_tools_fails_at_max_turns(
+    redis: Any, redis_url: str, fake_openai: FakeOpenAI
+) -> None:
+    from tests.agents import ops
+    from tests.core.conftest import core_settings
+
+    h = Harness(redis, core_settings(redis_url, fake_openai.base_url, MAX_TURNS=3), ops)
+    h.start_worker()
+    try:
+        fake_openai.script("loop", [call("lookup", {"key": str(i)}) for i in range(3)])
+        run = await h.gateway.start_run("loop", requested_by="U1")
+        failed = await h.wait_finished(run.run_id)
+        assert failed.status is RunStatus.FAILED
+        assert failed.error == (
+            "stopped after 3 model turns (MAX_TURNS): the agent kept calling tools"
+        )
+        assert len(fake_openai.requests_for("loop")) == 3
+    finally:
+        await h.close()
