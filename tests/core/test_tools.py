@@ -154,7 +154,7 @@ async def test_two_sync_tools_run_concurrently() -> None:
 
     started = time.monotonic()
     results = await asyncio.gather(nap.call({"n": 1}), nap.call({"n": 2}))
-    assert results == ["1", "2"]
+    assert list(results) == ["1", "2"]
     assert time.monotonic() - started < 0.35
 
 
