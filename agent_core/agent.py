@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .exceptions import ConfigError
 from .tools import Tool
 
 log = logging.getLogger(__name__)
@@ -92,3 +94,19 @@ class Agent:
     def openai_tools(self) -> list[dict[str, Any]]:
         """The ``tools`` parameter of a Chat Completions request."""
         return [t.openai_schema() for t in self._by_name.values()]
+
+
+def load_agent(path: str) -> Agent:
+    """Import ``package.module:attribute`` and check that it is an :class:`Agent`."""
+    module_name, _, attr = path.partition(":")
+    try:
+        obj: object = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise ConfigError(
+            f"AGENT is invalid: cannot import {path!r} ({type(exc).__name__}: {exc})"
+        ) from None
+    if not isinstance(obj, Agent):
+        raise ConfigError(f"AGENT is invalid: {path!r} is a {type(obj).__name__}, not an Agent")
+    return obj

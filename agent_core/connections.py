@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
@@ -24,3 +26,14 @@ def create_redis(url: str, *, socket_timeout: float = 10.0) -> Redis:
         retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=3),
         retry_on_error=[ConnectionError, TimeoutError],
     )
+
+
+def redacted(url: str) -> str:
+    """A Redis URL without its password, for logs and errors."""
+    parts = urlsplit(url)
+    if parts.password:
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        return parts._replace(netloc=f"{user}{host}{port}").geturl()
+    return url

@@ -132,7 +132,8 @@ class Runner:
         k = self.keys
         if turn >= self.max_turns:
             await self.fail(
-                run_id, f"stopped after {turn} model turns (MAX_TURNS): the agent kept calling tools"
+                run_id,
+                f"stopped after {turn} model turns (MAX_TURNS): the agent kept calling tools",
             )
             return Step.STOP
         history = [json.loads(m) for m in await self.redis.lrange(k.history(run_id), 0, -1)]

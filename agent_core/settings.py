@@ -16,7 +16,9 @@ class Settings(BaseSettings):
     """Settings of the core (the worker, and the parts of the bot that talk to the core)."""
 
     # allow_inf_nan=False: APPROVAL_TIMEOUT=inf or nan is not a number of seconds.
-    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", env_ignore_empty=True, allow_inf_nan=False)
+    model_config = SettingsConfigDict(
+        case_sensitive=False, extra="ignore", env_ignore_empty=True, allow_inf_nan=False
+    )
 
     redis_url: str = Field(validation_alias="REDIS_URL")
     key_prefix: str = Field("agw", validation_alias="KEY_PREFIX", pattern=r"^[A-Za-z0-9_.-]+$")

@@ -10,22 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import os
 import secrets
 import signal
 import socket
 import sys
-from urllib.parse import urlsplit
 
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from . import scripts
-from .agent import Agent
-from .connections import create_redis
+from .agent import Agent, load_agent
+from .connections import create_redis, redacted
 from .exceptions import ConfigError, GateNotFound
 from .gateway import Gateway, valid_run_id
 from .keys import Keys
@@ -36,33 +34,6 @@ from .streams import StreamConsumer, StreamMessage
 log = logging.getLogger("agent_core.worker")
 
 JOBS_GROUP = "workers"
-
-
-def load_agent(path: str) -> Agent:
-    """Import ``package.module:attribute`` and check that it is an :class:`Agent`."""
-    module_name, _, attr = path.partition(":")
-    try:
-        obj: object = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except Exception as exc:
-        raise ConfigError(
-            f"AGENT is invalid: cannot import {path!r} ({type(exc).__name__}: {exc})"
-        ) from None
-    if not isinstance(obj, Agent):
-        raise ConfigError(f"AGENT is invalid: {path!r} is a {type(obj).__name__}, not an Agent")
-    return obj
-
-
-def redacted(url: str) -> str:
-    """A Redis URL without its password, for logs and errors."""
-    parts = urlsplit(url)
-    if parts.password:
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-        user = f"{parts.username}:***@" if parts.username else ":***@"
-        return parts._replace(netloc=f"{user}{host}{port}").geturl()
-    return url
 
 
 class Worker:

@@ -1,0 +1,3 @@
+from bot.server import main
+
+main()

@@ -1,0 +1,76 @@
+"""The Bolt app: wires slash commands and interactivity to the handlers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+)
+from slack_sdk.web.async_client import AsyncWebClient
+
+from . import actions, commands
+from .context import BotContext
+from .ports import GatewayLike
+from .settings import BotSettings
+
+log = logging.getLogger(__name__)
+
+
+def make_web_client(settings: BotSettings, timeout: int = 15) -> AsyncWebClient:
+    """The Web API client: SLACK_API_URL, retries on connection errors and on 429."""
+    return AsyncWebClient(
+        token=settings.slack_bot_token.get_secret_value(),
+        base_url=settings.slack_api_url,
+        timeout=timeout,
+        # Passing retry_handlers replaces slack_sdk's defaults, so the connection handler is listed too.
+        retry_handlers=[
+            AsyncConnectionErrorRetryHandler(max_retry_count=2),
+            AsyncRateLimitErrorRetryHandler(max_retry_count=settings.slack_max_retries),
+        ],
+    )
+
+
+def create_app(
+    settings: BotSettings,
+    redis: aioredis.Redis,
+    gateway: GatewayLike,
+    web_client: AsyncWebClient,
+    *,
+    context: BotContext | None = None,
+) -> AsyncApp:
+    """A Bolt ``AsyncApp`` with every listener registered.
+
+    Bolt calls ``auth.test`` once, on the first request, with ``web_client`` (so a fake
+    Slack has to answer it).
+    """
+    ctx = context or BotContext.build(settings, redis, gateway, web_client)
+    secret = settings.slack_signing_secret
+    app = AsyncApp(
+        client=web_client,
+        signing_secret=secret.get_secret_value() if secret is not None else "",
+        # Socket Mode requests are not signed; Bolt skips the check for them by itself.
+        request_verification_enabled=secret is not None,
+        process_before_response=False,
+        name="agent-approvals",
+    )
+    commands.register(app, ctx)
+    actions.register(app, ctx)
+
+    @app.error
+    async def on_error(error: Exception, body: dict[str, Any]) -> None:
+        kind = body.get("type") or ("command" if "command" in body else "unknown")
+        log.error("handler failed for a %s request: %s", kind, type(error).__name__, exc_info=error)
+
+    return app
+
+
+def main() -> None:
+    """Entry point of the ``web`` process (also ``python -m bot``)."""
+    from .server import main as server_main
+
+    server_main()

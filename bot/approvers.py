@@ -1,0 +1,116 @@
+"""Who may decide gates: APPROVERS = user IDs, user-group IDs and/or ``*``.
+
+Authorization fails closed: an empty list approves nobody, and a user group whose members
+cannot be looked up counts as empty until the lookup works again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from agent_core.models import Gate
+
+log = logging.getLogger(__name__)
+
+GROUP_CACHE_SECONDS = 60.0
+# A failed lookup is retried sooner than a successful one is refreshed.
+GROUP_FAILURE_CACHE_SECONDS = 5.0
+
+
+class Approvers:
+    """Answers "may this user decide?" from the APPROVERS setting."""
+
+    def __init__(
+        self,
+        spec: Iterable[str],
+        client: AsyncWebClient,
+        *,
+        allow_self_approval: bool = False,
+        cache_seconds: float = GROUP_CACHE_SECONDS,
+    ) -> None:
+        items = [s for s in spec if s]
+        self.anyone = "*" in items
+        self.users = frozenset(s for s in items if s[0] in "UW")
+        self.groups = tuple(s for s in items if s[0] == "S")
+        self.allow_self_approval = allow_self_approval
+        self._client = client
+        self._cache_seconds = cache_seconds
+        self._cache: dict[str, tuple[float, frozenset[str] | None]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @property
+    def configured(self) -> bool:
+        return self.anyone or bool(self.users) or bool(self.groups)
+
+    async def is_approver(self, user_id: str) -> bool:
+        if self.anyone or user_id in self.users:
+            return True
+        for group in self.groups:
+            if user_id in await self._members(group):
+                return True
+        return False
+
+    async def why_not(self, user_id: str) -> str | None:
+        """``None`` when the user is an approver, otherwise the reason to show them."""
+        if not self.configured:
+            return (
+                "No approvers are configured (APPROVERS is empty), so nobody can approve "
+                "or deny tool calls. Ask your Slack admin to set APPROVERS."
+            )
+        if await self.is_approver(user_id):
+            return None
+        failed = [g for g in self.groups if g in self._cache and self._cache[g][1] is None]
+        if failed:
+            return (
+                "You are not on the approver list, and the approver user group could not be "
+                "checked just now. Try again in a moment."
+            )
+        return "You are not on the approver list for this agent (APPROVERS)."
+
+    async def why_not_decide(self, user_id: str, gate: Gate, *, approve: bool) -> str | None:
+        """``None`` if the user may approve (``approve=True``) or deny this gate.
+
+        The requester may always deny their own call (as they may cancel the run), but
+        approve it only when self-approval is enabled.
+        """
+        own = bool(gate.requested_by) and user_id == gate.requested_by
+        if not approve and own:
+            return None
+        if approve and own and not self.allow_self_approval:
+            return (
+                "You asked for this run, so someone else has to approve its tool calls "
+                "(self-approval is off: ALLOW_SELF_APPROVAL)."
+            )
+        return await self.why_not(user_id)
+
+    async def _members(self, group: str) -> frozenset[str]:
+        cached = self._cache.get(group)
+        now = time.monotonic()
+        if cached is not None and cached[0] > now:
+            return cached[1] if cached[1] is not None else frozenset()
+        lock = self._locks.setdefault(group, asyncio.Lock())
+        async with lock:
+            cached = self._cache.get(group)
+            if cached is not None and cached[0] > time.monotonic():
+                return cached[1] if cached[1] is not None else frozenset()
+            try:
+                resp = await self._client.usergroups_users_list(usergroup=group)
+                members = frozenset(str(u) for u in (resp.get("users") or []))
+                self._cache[group] = (time.monotonic() + self._cache_seconds, members)
+                return members
+            except Exception as exc:  # fail closed on any lookup problem
+                log.warning("could not list members of user group %s: %s", group, _describe(exc))
+                self._cache[group] = (time.monotonic() + GROUP_FAILURE_CACHE_SECONDS, None)
+                return frozenset()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SlackApiError):
+        return str(exc.response.get("error", "error"))
+    return type(exc).__name__

@@ -1,0 +1,79 @@
+"""Everything a Slack handler needs, built once per process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from slack_sdk.web.async_client import AsyncWebClient
+
+from agent_core.keys import Keys
+
+from .approvers import Approvers
+from .ports import GatewayLike
+from .publisher import Publisher
+from .settings import BotSettings, parse_approvers
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BotContext:
+    settings: BotSettings
+    gateway: GatewayLike
+    client: AsyncWebClient
+    store: Store
+    approvers: Approvers
+    publisher: Publisher
+    inflight: set[asyncio.Task[object]] = field(default_factory=set)
+
+    @contextlib.asynccontextmanager
+    async def busy(self) -> AsyncIterator[None]:
+        """Mark the work after an ``ack()`` so that shutdown waits for it.
+
+        Slack was already told "received": stopping mid-way would drop a click.
+        """
+        task = asyncio.current_task()
+        if task is not None:
+            self.inflight.add(task)
+        try:
+            yield
+        finally:
+            if task is not None:
+                self.inflight.discard(task)
+
+    async def drain(self, timeout: float = 10.0) -> None:
+        """Wait for acknowledged work to finish; cancel what is still running after ``timeout``."""
+        pending = {t for t in self.inflight if not t.done()}
+        if not pending:
+            return
+        _done, late = await asyncio.wait(pending, timeout=timeout)
+        for t in late:
+            log.warning("cancelling a Slack handler still running at shutdown")
+            t.cancel()
+        if late:
+            await asyncio.wait(late, timeout=1.0)
+
+    @classmethod
+    def build(
+        cls,
+        settings: BotSettings,
+        redis: aioredis.Redis,
+        gateway: GatewayLike,
+        client: AsyncWebClient,
+        keys: Keys | None = None,
+    ) -> BotContext:
+        keys = keys or getattr(gateway, "keys", None) or Keys()
+        store = Store(redis, keys)
+        approvers = Approvers(
+            parse_approvers(settings.approvers),
+            client,
+            allow_self_approval=settings.allow_self_approval,
+        )
+        publisher = Publisher(gateway, store, client, settings.slash_command)
+        return cls(settings, gateway, client, store, approvers, publisher)

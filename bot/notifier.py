@@ -1,0 +1,159 @@
+"""Consumes the events stream and keeps Slack in step with the runs.
+
+Runs inside every ``web`` process as one consumer of the ``bot`` group, so replicas share
+the events and a crashed replica's unacknowledged events are claimed by another. An event
+is acknowledged only after Slack shows it, or when Slack refused for good (logged): a
+transient failure leaves it pending to be delivered again, which is safe because every
+handler is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from agent_core.models import Event, EventType
+
+from . import cards
+from .ports import GatewayLike
+from .publisher import Publisher, TransientSlackError
+from .store import LockBusy, Store
+
+log = logging.getLogger(__name__)
+
+GROUP = "bot"
+
+
+def consumer_name() -> str:
+    return f"web-{socket.gethostname()}-{os.getpid()}"
+
+
+class Notifier:
+    def __init__(
+        self,
+        gateway: GatewayLike,
+        publisher: Publisher,
+        store: Store,
+        *,
+        consumer: str | None = None,
+        group: str = GROUP,
+        batch: int = 50,
+        block_ms: int = 1000,
+    ) -> None:
+        self.gateway = gateway
+        self.publisher = publisher
+        self.store = store
+        self.consumer = consumer or consumer_name()
+        self.group = group
+        self.batch = batch
+        self.block_ms = block_ms
+        self.handled = 0
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Read and handle events until ``stop`` is set (or the task is cancelled)."""
+        stop = stop or asyncio.Event()
+        source = self.gateway.event_consumer(group=self.group, consumer=self.consumer)
+        stopping = asyncio.create_task(stop.wait())
+        backoff = 0.5
+        try:
+            while not stop.is_set():
+                reading = asyncio.create_task(source.read(count=self.batch, block_ms=self.block_ms))
+                await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not reading.done():
+                    # Stopping: let the blocked read end by itself (cancelling it mid-command
+                    # would strand its connection), then handle what it brought.
+                    await asyncio.wait({reading}, timeout=self.block_ms / 1000 + 1)
+                    if not reading.done():
+                        reading.cancel()
+                        with contextlib.suppress(asyncio.CancelledError, RedisError, OSError):
+                            await reading
+                        break
+                try:
+                    events = reading.result()
+                except (RedisError, OSError) as exc:
+                    log.warning(
+                        "reading events failed (%s); retrying in %.1f s",
+                        type(exc).__name__,
+                        backoff,
+                    )
+                    await _sleep_or_stop(stop, backoff)
+                    backoff = min(backoff * 2, 10.0)
+                    continue
+                backoff = 0.5
+                for event in events:  # delivered to us: handle them even when stopping
+                    if await self.handle_safely(event):
+                        try:
+                            await source.ack(event)
+                        except (RedisError, OSError) as exc:
+                            log.warning("ack of %s failed: %s", event.id, type(exc).__name__)
+        finally:
+            stopping.cancel()
+
+    async def handle_safely(self, event: Event) -> bool:
+        """Handle one event; ``True`` when it may be acknowledged."""
+        try:
+            await self.handle(event)
+        except (TransientSlackError, LockBusy, RedisError, OSError) as exc:
+            log.warning("event %s (%s) will be retried: %s", event.id, event.type.value, exc)
+            return False
+        except Exception:
+            # Left pending: the core's delivery limit moves it to the dead-letter stream.
+            log.exception("event %s (%s) failed", event.id, event.type.value)
+            return False
+        self.handled += 1
+        return True
+
+    async def handle(self, event: Event) -> None:
+        data = event.data
+        origin: dict[str, Any] = data.get("origin") or {}
+        if not isinstance(origin, dict) or not origin.get("channel"):
+            return  # not started from Slack
+        t = event.type
+        if t in (EventType.GATE_OPENED, EventType.GATE_DECIDED):
+            await self.publisher.show_gate(str(data["gate_id"]))
+        elif t is EventType.TOOL_EXECUTED:
+            await self._tool_executed(event.run_id, data, origin)
+        elif t is EventType.RUN_STARTED:
+            await self.publisher.show_run(event.run_id)
+        elif t is EventType.RUN_COMPLETED:
+            texts = cards.answer_messages(str(data.get("final") or ""))
+            await self.publisher.post_in_thread(event.run_id, origin, "final", texts)
+            await self.publisher.show_run(event.run_id)
+        elif t is EventType.RUN_FAILED:
+            text = cards.run_failed_message(str(data.get("error") or ""))
+            await self.publisher.post_in_thread(event.run_id, origin, "failed", [text])
+            await self.publisher.show_run(event.run_id)
+        elif t is EventType.RUN_CANCELLED:
+            text = cards.run_cancelled_message(data.get("by"), data.get("reason"))
+            await self.publisher.post_in_thread(event.run_id, origin, "cancelled", [text])
+            await self.publisher.show_run(event.run_id)
+
+    async def _tool_executed(
+        self, run_id: str, data: dict[str, Any], origin: dict[str, Any]
+    ) -> None:
+        ok = bool(data.get("ok"))
+        in_doubt = bool(data.get("in_doubt"))
+        gate_id = data.get("gate_id")
+        if gate_id:
+            result = cards.ToolResult(
+                ok=ok, output=str(data.get("output") or ""), in_doubt=in_doubt
+            )
+            await self.store.set_result(str(gate_id), result)
+            await self.publisher.show_gate(str(gate_id))
+            return
+        text = cards.tool_message(str(data.get("tool") or "tool"), ok, in_doubt)
+        marker = f"tool:{data.get('call_id') or ''}"
+        await self.publisher.post_in_thread(run_id, origin, marker, [text])
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except TimeoutError:
+        pass

@@ -1,0 +1,290 @@
+"""The ``web`` process: Slack requests over HTTP (or Socket Mode), /healthz, the notifier."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Any
+
+import redis.asyncio as aioredis
+from aiohttp import web
+from redis.exceptions import RedisError
+from slack_bolt.adapter.aiohttp import to_aiohttp_response
+from slack_bolt.async_app import AsyncApp
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_sdk.errors import SlackApiError
+from slack_sdk.signature import SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+
+from agent_core import ConfigError, Gateway, Keys, Settings, create_redis
+from agent_core.agent import load_agent
+from agent_core.connections import redacted
+
+from .app import create_app, make_web_client
+from .context import BotContext
+from .notifier import Notifier
+from .ports import GatewayLike
+from .publisher import slack_error
+from .settings import BotSettings, load_settings
+
+log = logging.getLogger("bot")
+
+EVENTS_PATH = "/slack/events"
+HEALTH_PATH = "/healthz"
+MAX_BODY_BYTES = 1024 * 1024
+
+
+def build_web_app(bolt: AsyncApp, settings: BotSettings, redis: aioredis.Redis) -> web.Application:
+    """The aiohttp application: ``POST /slack/events`` (HTTP mode) and ``GET /healthz``."""
+    web_app = web.Application(client_max_size=MAX_BODY_BYTES)
+    secret = settings.slack_signing_secret
+    verifier = SignatureVerifier(secret.get_secret_value()) if secret is not None else None
+
+    async def slack_events(request: web.Request) -> web.Response:
+        body = await request.text()
+        # Checked before parsing, so a forged request learns nothing about our parser.
+        if verifier is None or not _signed_by_slack(verifier, body, request):
+            return web.json_response({"error": "invalid request"}, status=401)
+        try:
+            bolt_req = AsyncBoltRequest(
+                body=body,
+                query=request.query_string,
+                headers={k: request.headers.getall(k) for k in request.headers},
+            )
+        except Exception:
+            return web.json_response({"error": "malformed payload"}, status=400)
+        try:
+            bolt_resp = await bolt.async_dispatch(bolt_req)
+        except Exception:
+            log.exception("dispatching a Slack request failed")
+            return web.json_response({"error": "internal error"}, status=500)
+        return await to_aiohttp_response(bolt_resp)
+
+    async def healthz(request: web.Request) -> web.Response:
+        try:
+            await asyncio.wait_for(redis.ping(), timeout=2.0)
+        except (RedisError, OSError, TimeoutError) as exc:
+            return web.json_response({"ok": False, "redis": type(exc).__name__}, status=503)
+        return web.json_response({"ok": True})
+
+    if verifier is not None and not settings.socket_mode:
+        web_app.router.add_post(EVENTS_PATH, slack_events)
+    web_app.router.add_get(HEALTH_PATH, healthz)
+    return web_app
+
+
+def _signed_by_slack(verifier: SignatureVerifier, body: str, request: web.Request) -> bool:
+    """Valid ``v0`` signature and a timestamp within 5 minutes; anything odd is invalid."""
+    try:
+        return verifier.is_valid(
+            body=body,
+            timestamp=request.headers.get("X-Slack-Request-Timestamp", ""),
+            signature=request.headers.get("X-Slack-Signature", ""),
+        )
+    except (ValueError, TypeError, OverflowError):  # e.g. a timestamp that is not a number
+        return False
+
+
+class BotServer:
+    """One ``web`` process, startable in-process by tests (``port=0`` picks a free port)."""
+
+    def __init__(
+        self,
+        settings: BotSettings,
+        redis: aioredis.Redis,
+        gateway: GatewayLike,
+        client: AsyncWebClient | None = None,
+        *,
+        host: str = "0.0.0.0",
+        port: int | None = None,
+        notifier_consumer: str | None = None,
+        notifier_block_ms: int = 1000,
+        run_notifier: bool = True,
+    ) -> None:
+        self.settings = settings
+        self.redis = redis
+        self.gateway = gateway
+        self.client = client or make_web_client(settings)
+        self.context = BotContext.build(settings, redis, gateway, self.client)
+        self.app = create_app(settings, redis, gateway, self.client, context=self.context)
+        self.notifier = Notifier(
+            gateway,
+            self.context.publisher,
+            self.context.store,
+            consumer=notifier_consumer,
+            block_ms=notifier_block_ms,
+        )
+        self.host = host
+        self.port = settings.port if port is None else port
+        self.run_notifier = run_notifier
+        self._runner: web.AppRunner | None = None
+        self._socket: Any = None
+        self._stop = asyncio.Event()
+        self._notifier_task: asyncio.Task[None] | None = None
+        self._socket_task: asyncio.Task[Any] | None = None
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` once started."""
+        assert self._runner is not None, "not started"
+        port = self._runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}"
+
+    async def start(self) -> BotServer:
+        self._runner = web.AppRunner(
+            build_web_app(self.app, self.settings, self.redis),
+            access_log=None,
+            handle_signals=False,
+        )
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        if self.settings.socket_mode:
+            from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+
+            assert self.settings.slack_app_token is not None
+            self._socket = AsyncSocketModeHandler(
+                self.app, self.settings.slack_app_token.get_secret_value(), web_client=self.client
+            )
+            # Connecting retries until it works; meanwhile /healthz and the notifier run.
+            self._socket_task = asyncio.create_task(
+                self._socket.connect_async(), name="socket-mode"
+            )
+        if self.run_notifier:
+            self._notifier_task = asyncio.create_task(
+                self.notifier.run(self._stop), name="notifier"
+            )
+        return self
+
+    async def stop(self) -> None:
+        """Stop taking requests, finish acknowledged work, then stop the notifier."""
+        self._stop.set()
+        if self._socket is not None:
+            with contextlib.suppress(Exception):
+                await self._socket.close_async()
+            self._socket = None
+        if self._socket_task is not None:
+            self._socket_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._socket_task
+            self._socket_task = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.context.drain()
+        if self._notifier_task is not None:
+            try:
+                await asyncio.wait_for(self._notifier_task, timeout=10)
+            except (TimeoutError, asyncio.CancelledError):
+                self._notifier_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._notifier_task
+            self._notifier_task = None
+
+    async def wait(self) -> None:
+        """Until :meth:`request_stop` (SIGTERM/SIGINT), or until the notifier dies."""
+        waiter = asyncio.create_task(self._stop.wait())
+        tasks: set[asyncio.Task[Any]] = {waiter}
+        if self._notifier_task is not None:
+            tasks.add(self._notifier_task)
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+
+TOKEN_ERRORS = frozenset(
+    {
+        "invalid_auth",
+        "not_authed",
+        "account_inactive",
+        "token_revoked",
+        "token_expired",
+        "not_allowed_token_type",
+    }
+)
+
+
+async def check_slack(settings: BotSettings, client: AsyncWebClient) -> None:
+    """Fail fast on a token Slack rejects; only warn when Slack cannot be reached."""
+    checks: list[tuple[str, Any]] = [("SLACK_BOT_TOKEN", client.auth_test)]
+    if settings.slack_app_token is not None:
+        app_token = settings.slack_app_token.get_secret_value()
+        checks.append(
+            ("SLACK_APP_TOKEN", lambda: client.apps_connections_open(app_token=app_token))
+        )
+    for name, check in checks:
+        try:
+            await check()
+        except SlackApiError as exc:
+            err = slack_error(exc)
+            if err in TOKEN_ERRORS:
+                raise ConfigError(f"{name} was rejected by Slack ({err})") from None
+            log.warning("checking %s with Slack failed (%s); continuing", name, err)
+        except Exception as exc:
+            log.warning(
+                "could not reach Slack at %s to check %s (%s); continuing",
+                settings.slack_api_url,
+                name,
+                type(exc).__name__,
+            )
+
+
+async def serve(settings: BotSettings, core: Settings) -> None:
+    agent = load_agent(core.agent)
+    redis = create_redis(core.redis_url)
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as exc:
+        await redis.aclose()
+        raise ConfigError(
+            f"REDIS_URL: cannot reach Redis at {redacted(core.redis_url)} ({type(exc).__name__})"
+        ) from None
+    gateway = Gateway(
+        redis, Keys(core.key_prefix), agent_name=agent.name, events_maxlen=core.events_maxlen
+    )
+    server = BotServer(settings, redis, gateway)
+    try:
+        await check_slack(settings, server.client)
+    except ConfigError:
+        await redis.aclose()
+        raise
+    await server.start()
+    mode = "Socket Mode" if settings.socket_mode else f"HTTP on :{server.port}{EVENTS_PATH}"
+    log.info("web ready (%s, command %s, agent %s)", mode, settings.slash_command, agent.name)
+    if not server.context.approvers.configured:
+        log.warning(
+            "APPROVERS is empty: nobody can approve tool calls (authorization fails closed)"
+        )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_stop)
+    try:
+        await server.wait()
+    finally:
+        await server.stop()
+        await redis.aclose()
+
+
+def main() -> None:
+    """Entry point of ``python -m bot`` (the Procfile's ``web``)."""
+    try:
+        core = Settings.from_env()
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    logging.basicConfig(
+        level=core.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    try:
+        asyncio.run(serve(settings, core))
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,692 @@
+"""Test doubles for Slack: a fake Web API server and a client that signs like Slack.
+
+:class:`FakeSlack` is a real HTTP server (aiohttp, in a daemon thread with its own event
+loop, on a free port of 127.0.0.1). Point ``SLACK_API_URL`` at :attr:`FakeSlack.base_url`;
+it serves in-process code and ``python -m bot`` subprocesses alike. It records every call
+with its arguments (blocks and views parsed), keeps the messages it was asked to post and
+update (so a test can look at a card as a user would see it), checks Block Kit with
+``slack_sdk.models.blocks`` and answers ``invalid_blocks`` like Slack, and can inject
+HTTP 429 (with ``Retry-After``) or ``ok: false`` errors for the next calls of a method.
+
+:class:`SlackClient` sends slash commands, ``block_actions`` and ``view_submission``
+payloads to the bot's ``/slack/events`` exactly as Slack does: form-encoded and signed
+(``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+from aiohttp import web
+from slack_sdk.errors import SlackObjectFormationError
+from slack_sdk.models.blocks import Block
+
+__all__ = ["FakeSlack", "HttpResult", "SlackCall", "SlackClient", "SlackMessage", "sign"]
+
+# Slack has refused messages with about this many characters of blocks (msg_blocks_too_long).
+MAX_BLOCKS_CHARS = 13_000
+
+
+@dataclass(frozen=True)
+class SlackCall:
+    """One request the fake received: a Web API ``method`` or ``response_url:<name>``."""
+
+    method: str
+    args: dict[str, Any]
+    token: str | None
+    status: int
+    response: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and bool(self.response.get("ok"))
+
+
+@dataclass
+class SlackMessage:
+    """A message as the fake Slack currently shows it."""
+
+    channel: str
+    ts: str
+    text: str
+    blocks: list[dict[str, Any]]
+    thread_ts: str | None = None
+    updates: int = 0
+
+
+@dataclass
+class _Fault:
+    status: int
+    error: str
+    retry_after: float | None
+
+
+class FakeSlack:
+    """A fake Slack Web API (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        token: str = "xoxb-test-token",
+        app_token: str = "xapp-test-token",
+        team_id: str = "T0TEST",
+        bot_user_id: str = "U0BOT",
+        host: str = "127.0.0.1",
+        validate_blocks: bool = True,
+    ) -> None:
+        self.token = token
+        self.app_token = app_token
+        self.team_id = team_id
+        self.bot_user_id = bot_user_id
+        self.validate_blocks = validate_blocks
+        self._host = host
+        self._lock = threading.Lock()
+        self._calls: list[SlackCall] = []
+        self._messages: dict[tuple[str, str], SlackMessage] = {}
+        self._faults: dict[str, list[_Fault]] = {}
+        self._usergroups: dict[str, list[str]] = {}
+        self._unreachable_channels: dict[str, str] = {}
+        self._ts = itertools.count(1)
+        self._sockets: list[web.WebSocketResponse] = []
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> FakeSlack:
+        """Start serving in a background daemon thread; returns ``self``."""
+        if self._thread is not None:
+            raise RuntimeError("FakeSlack is already started")
+        ready = threading.Event()
+        failure: list[BaseException] = []
+        loop = asyncio.new_event_loop()
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._start_site())
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=serve, name="FakeSlack", daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout=10) or failure:
+            self._thread = None
+            self._loop = None
+            raise RuntimeError(
+                f"FakeSlack failed to start: {failure[0]!r}" if failure else "timeout"
+            )
+        return self
+
+    async def _start_site(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/api/{method}", self._handle_api)
+        app.router.add_post("/respond/{name}", self._handle_respond)
+        app.router.add_get("/socket", self._handle_socket)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, 0)
+        await site.start()
+        self._runner = runner
+        self._port = int(runner.addresses[0][1])
+
+    def stop(self) -> None:
+        """Stop the server and join its thread. Safe to call twice."""
+        thread, loop, runner = self._thread, self._loop, self._runner
+        if thread is None or loop is None:
+            return
+        if runner is not None:
+            asyncio.run_coroutine_threadsafe(self._close_sockets(), loop).result(timeout=10)
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        self._thread = self._loop = self._runner = None
+        self._port = None
+
+    def __enter__(self) -> FakeSlack:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        if self._port is None:
+            raise RuntimeError("FakeSlack is not started")
+        return f"http://{self._host}:{self._port}"
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/api/``: the value for SLACK_API_URL."""
+        return self.url + "/api/"
+
+    def response_url(self, name: str = "r") -> str:
+        """A ``response_url`` for a payload; posts to it are recorded as ``response_url:<name>``."""
+        return f"{self.url}/respond/{name}"
+
+    # ------------------------------------------------------------------ set-up
+    def reset(self) -> None:
+        with self._lock:
+            self._calls.clear()
+            self._messages.clear()
+            self._faults.clear()
+            self._usergroups.clear()
+            self._unreachable_channels.clear()
+
+    def fail_next(
+        self,
+        method: str,
+        n: int = 1,
+        *,
+        status: int = 429,
+        retry_after: float | None = 1,
+        error: str = "ratelimited",
+    ) -> None:
+        """Answer the next ``n`` calls of ``method`` with HTTP ``status`` (429: rate limited)."""
+        with self._lock:
+            self._faults.setdefault(method, []).extend([_Fault(status, error, retry_after)] * n)
+
+    def error_next(self, method: str, error: str, n: int = 1) -> None:
+        """Answer the next ``n`` calls of ``method`` with ``{"ok": false, "error": error}``."""
+        self.fail_next(method, n, status=200, retry_after=None, error=error)
+
+    def set_usergroup(self, group_id: str, users: list[str]) -> None:
+        with self._lock:
+            self._usergroups[group_id] = list(users)
+
+    def block_channel(self, channel: str, error: str = "not_in_channel") -> None:
+        """Make posting to ``channel`` fail like a channel the bot is not in."""
+        with self._lock:
+            self._unreachable_channels[channel] = error
+
+    # ------------------------------------------------------------------ records
+    @property
+    def calls(self) -> list[SlackCall]:
+        with self._lock:
+            return list(self._calls)
+
+    def calls_to(self, method: str) -> list[SlackCall]:
+        return [c for c in self.calls if c.method == method]
+
+    def responses(self, name: str | None = None) -> list[SlackCall]:
+        """Posts to response URLs (all, or the one called ``name``)."""
+        prefix = "response_url:" + (name or "")
+        return [c for c in self.calls if c.method.startswith(prefix)]
+
+    @property
+    def messages(self) -> list[SlackMessage]:
+        with self._lock:
+            return list(self._messages.values())
+
+    def message(self, channel: str, ts: str) -> SlackMessage | None:
+        with self._lock:
+            return self._messages.get((channel, ts))
+
+    def shows(self, channel: str, ts: str, needle: str) -> bool:
+        """Whether the message's current blocks (or text) contain ``needle``."""
+        msg = self.message(channel, ts)
+        return msg is not None and (needle in json.dumps(msg.blocks) or needle in msg.text)
+
+    def thread(self, channel: str, thread_ts: str) -> list[SlackMessage]:
+        """The replies in a thread, oldest first."""
+        return [m for m in self.messages if m.channel == channel and m.thread_ts == thread_ts]
+
+    async def wait_for(
+        self, predicate: Callable[[FakeSlack], Any], timeout: float = 10.0, what: str = ""
+    ) -> Any:
+        """Poll until ``predicate(self)`` is truthy; returns its value."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while True:
+            value = predicate(self)
+            if value:
+                return value
+            if loop.time() > end:
+                methods = [c.method for c in self.calls]
+                raise AssertionError(f"timed out waiting for {what or predicate}; calls: {methods}")
+            await asyncio.sleep(0.02)
+
+    # ------------------------------------------------------------------ handlers
+    async def _handle_respond(self, request: web.Request) -> web.Response:
+        try:
+            args = await request.json()
+        except (ValueError, json.JSONDecodeError):
+            args = {"_raw": await request.text()}
+        body = {"ok": True}
+        self._record(SlackCall(f"response_url:{request.match_info['name']}", args, None, 200, body))
+        return web.json_response(body)
+
+    async def _handle_api(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        args = await _read_args(request)
+        auth = request.headers.get("Authorization", "")
+        token = auth[7:] if auth.lower().startswith("bearer ") else args.get("token")
+        with self._lock:
+            queue = self._faults.get(method)
+            fault = queue.pop(0) if queue else None
+        if fault is not None and fault.status != 200:
+            headers = {}
+            if fault.retry_after is not None:
+                headers["Retry-After"] = str(int(fault.retry_after))
+            body = {"ok": False, "error": fault.error}
+            self._record(SlackCall(method, args, token, fault.status, body))
+            return web.json_response(body, status=fault.status, headers=headers)
+        if fault is not None:
+            body = {"ok": False, "error": fault.error}
+        elif method == "apps.connections.open":
+            ok = token == self.app_token
+            body = (
+                {"ok": True, "url": self.url.replace("http", "ws", 1) + "/socket"}
+                if ok
+                else {"ok": False, "error": "invalid_auth"}
+            )
+        elif token != self.token:
+            body = {"ok": False, "error": "not_authed" if not token else "invalid_auth"}
+        else:
+            handler = getattr(self, "_api_" + method.replace(".", "_"), None)
+            body = handler(args) if handler else {"ok": False, "error": "unknown_method"}
+        self._record(SlackCall(method, args, token, 200, body))
+        return web.json_response(body)
+
+    # ------------------------------------------------------------------ Socket Mode
+    @property
+    def socket_connections(self) -> int:
+        with self._lock:
+            return len(self._sockets)
+
+    async def socket_request(
+        self, type_: str, payload: dict[str, Any], timeout: float = 10.0
+    ) -> dict[str, Any]:
+        """Send a Socket Mode envelope to the connected app; returns its acknowledgement."""
+        assert self._loop is not None, "not started"
+        envelope_id = f"env-{next(self._ts)}-{time.time_ns()}"
+        envelope = {
+            "envelope_id": envelope_id,
+            "type": type_,
+            "payload": payload,
+            "accepts_response_payload": type_ != "events_api",
+        }
+        with self._lock:
+            ws = self._sockets[-1]
+        future = asyncio.run_coroutine_threadsafe(ws.send_json(envelope), self._loop)
+        await asyncio.wrap_future(future)
+
+        def acked(f: FakeSlack) -> list[SlackCall]:
+            return [c for c in f.calls_to("socket_ack") if c.args.get("envelope_id") == envelope_id]
+
+        (ack,) = await self.wait_for(acked, timeout=timeout, what=f"ack of {envelope_id}")
+        args: dict[str, Any] = ack.args
+        return args
+
+    async def _handle_socket(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        with self._lock:
+            self._sockets.append(ws)
+        await ws.send_json(
+            {"type": "hello", "num_connections": 1, "connection_info": {"app_id": "A0APP"}}
+        )
+        try:
+            async for msg in ws:
+                if msg.type == aiohttp.WSMsgType.TEXT:
+                    try:
+                        data = json.loads(msg.data)
+                    except json.JSONDecodeError:
+                        continue
+                    if isinstance(data, dict) and "envelope_id" in data:
+                        self._record(SlackCall("socket_ack", data, None, 200, {}))
+        finally:
+            with self._lock:
+                if ws in self._sockets:
+                    self._sockets.remove(ws)
+        return ws
+
+    async def _close_sockets(self) -> None:
+        with self._lock:
+            sockets = list(self._sockets)
+        for ws in sockets:
+            await ws.close()
+
+    def _record(self, call: SlackCall) -> None:
+        with self._lock:
+            self._calls.append(call)
+
+    # ------------------------------------------------------------------ Web API methods
+    def _api_auth_test(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "url": "https://fake.slack.test/",
+            "team": "Fake Team",
+            "user": "agent-bot",
+            "team_id": self.team_id,
+            "user_id": self.bot_user_id,
+            "bot_id": "B0BOT",
+        }
+
+    def _message_problem(self, args: dict[str, Any]) -> str | None:
+        channel = args.get("channel")
+        if not channel:
+            return "channel_not_found"
+        with self._lock:
+            blocked = self._unreachable_channels.get(str(channel))
+        if blocked:
+            return blocked
+        blocks = args.get("blocks")
+        if not args.get("text") and not blocks:
+            return "no_text"
+        if blocks is not None:
+            return _blocks_problem(blocks, 50) if self.validate_blocks else None
+        return None
+
+    def _api_chat_postMessage(self, args: dict[str, Any]) -> dict[str, Any]:
+        problem = self._message_problem(args)
+        if problem:
+            return {"ok": False, "error": problem}
+        channel = str(args["channel"])
+        ts = f"{1_700_000_000 + next(self._ts)}.000100"
+        msg = SlackMessage(
+            channel=channel,
+            ts=ts,
+            text=str(args.get("text") or ""),
+            blocks=list(args.get("blocks") or []),
+            thread_ts=args.get("thread_ts") or None,
+        )
+        with self._lock:
+            self._messages[(channel, ts)] = msg
+        return {"ok": True, "channel": channel, "ts": ts, "message": {"text": msg.text, "ts": ts}}
+
+    def _api_chat_update(self, args: dict[str, Any]) -> dict[str, Any]:
+        problem = self._message_problem(args)
+        if problem:
+            return {"ok": False, "error": problem}
+        key = (str(args["channel"]), str(args.get("ts") or ""))
+        with self._lock:
+            msg = self._messages.get(key)
+            if msg is None:
+                return {"ok": False, "error": "message_not_found"}
+            if "text" in args:
+                msg.text = str(args.get("text") or "")
+            if "blocks" in args:  # omitted keeps the old blocks; [] removes them
+                msg.blocks = list(args.get("blocks") or [])
+            msg.updates += 1
+        return {"ok": True, "channel": key[0], "ts": key[1], "text": msg.text}
+
+    def _api_chat_postEphemeral(self, args: dict[str, Any]) -> dict[str, Any]:
+        problem = self._message_problem(args)
+        if problem:
+            return {"ok": False, "error": problem}
+        if not args.get("user"):
+            return {"ok": False, "error": "user_not_in_channel"}
+        return {"ok": True, "message_ts": f"{time.time():.6f}"}
+
+    def _api_views_open(self, args: dict[str, Any]) -> dict[str, Any]:
+        if not args.get("trigger_id") or str(args["trigger_id"]).startswith("expired"):
+            return {"ok": False, "error": "expired_trigger_id"}
+        view = args.get("view")
+        if not isinstance(view, dict):
+            return {"ok": False, "error": "invalid_arguments"}
+        title = (view.get("title") or {}).get("text", "")
+        if not title or len(title) > 24:
+            return {"ok": False, "error": "invalid_arguments"}
+        if (
+            len(view.get("private_metadata") or "") > 3000
+            or len(view.get("callback_id") or "") > 255
+        ):
+            return {"ok": False, "error": "invalid_arguments"}
+        problem = _blocks_problem(view.get("blocks") or [], 100, chars_limit=None)
+        if problem:
+            return {"ok": False, "error": problem}
+        return {"ok": True, "view": {"id": f"V{next(self._ts):08d}", **view}}
+
+    def _api_usergroups_users_list(self, args: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            users = self._usergroups.get(str(args.get("usergroup") or ""))
+        if users is None:
+            return {"ok": False, "error": "no_such_subteam"}
+        return {"ok": True, "users": users}
+
+
+def _blocks_problem(
+    blocks: Any, max_blocks: int, chars_limit: int | None = MAX_BLOCKS_CHARS
+) -> str | None:
+    """``None`` when Slack would accept these blocks, else the error Slack would give."""
+    if not isinstance(blocks, list) or len(blocks) > max_blocks:
+        return "invalid_blocks"
+    if chars_limit is not None and len(json.dumps(blocks, ensure_ascii=False)) > chars_limit:
+        return "msg_blocks_too_long"
+    try:
+        for b in blocks:
+            parsed = Block.parse(b)
+            if parsed is None or type(parsed) is Block:
+                return "invalid_blocks"
+            parsed.validate_json()
+    except (SlackObjectFormationError, KeyError, TypeError, ValueError):
+        return "invalid_blocks"
+    return None
+
+
+async def _read_args(request: web.Request) -> dict[str, Any]:
+    args: dict[str, Any] = dict(request.query)
+    ctype = request.headers.get("Content-Type", "")
+    if request.can_read_body:
+        if "application/json" in ctype:
+            try:
+                data = await request.json()
+                if isinstance(data, dict):
+                    args.update(data)
+            except (ValueError, json.JSONDecodeError):
+                args["_raw"] = await request.text()
+        else:
+            args.update(dict(await request.post()))
+    for key in ("blocks", "view", "attachments"):
+        if isinstance(args.get(key), str):
+            try:
+                args[key] = json.loads(args[key])
+            except json.JSONDecodeError:
+                pass
+    return args
+
+
+# ---------------------------------------------------------------------------------- requests
+def sign(secret: str, timestamp: str, body: str) -> str:
+    """The ``X-Slack-Signature`` header Slack sends for ``body`` at ``timestamp``."""
+    base = f"v0:{timestamp}:{body}".encode()
+    return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True)
+class HttpResult:
+    status: int
+    text: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    def json(self) -> Any:
+        return json.loads(self.text) if self.text else None
+
+
+class SlackClient:
+    """Sends requests to the bot the way Slack does (form-encoded and signed)."""
+
+    def __init__(
+        self,
+        url: str,
+        signing_secret: str,
+        *,
+        team_id: str = "T0TEST",
+        command: str = "/agent",
+        fake: FakeSlack | None = None,
+    ) -> None:
+        self.url = url
+        self.signing_secret = signing_secret
+        self.team_id = team_id
+        self.command_name = command
+        self.fake = fake
+        self._n = itertools.count(1)
+
+    async def post(
+        self,
+        body: str,
+        *,
+        content_type: str = "application/x-www-form-urlencoded",
+        timestamp: str | None = None,
+        secret: str | None = None,
+        signature: str | None = None,
+        path: str = "",
+    ) -> HttpResult:
+        """POST ``body`` signed with ``secret`` (default: the real one) at ``timestamp``."""
+        ts = timestamp if timestamp is not None else str(int(time.time()))
+        sig = signature if signature is not None else sign(secret or self.signing_secret, ts, body)
+        headers = {
+            "Content-Type": content_type,
+            "X-Slack-Request-Timestamp": ts,
+            "X-Slack-Signature": sig,
+        }
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.url + path, data=body.encode(), headers=headers) as resp,
+        ):
+            return HttpResult(resp.status, await resp.text(), dict(resp.headers))
+
+    def _response_url(self, name: str | None) -> str:
+        if self.fake is None:
+            return "https://hooks.slack.com/actions/T0TEST/1/fake"
+        return self.fake.response_url(name or f"r{next(self._n)}")
+
+    def command_body(
+        self,
+        text: str,
+        *,
+        user_id: str = "U0REQ",
+        channel_id: str = "C0CHAN",
+        response_url: str | None = None,
+        command: str | None = None,
+    ) -> str:
+        return urlencode(
+            {
+                "token": "deprecated-verification-token",
+                "team_id": self.team_id,
+                "team_domain": "fake",
+                "channel_id": channel_id,
+                "channel_name": "general",
+                "user_id": user_id,
+                "user_name": user_id.lower(),
+                "command": command or self.command_name,
+                "text": text,
+                "api_app_id": "A0APP",
+                "is_enterprise_install": "false",
+                "response_url": response_url or self._response_url(None),
+                "trigger_id": f"trigger-{next(self._n)}",
+            }
+        )
+
+    async def command(self, text: str, **kwargs: Any) -> HttpResult:
+        """A slash command, e.g. ``await slack.command("delete user 42", user_id="U1")``."""
+        return await self.post(self.command_body(text, **kwargs))
+
+    def action_payload(
+        self,
+        action_id: str,
+        value: str,
+        *,
+        user_id: str = "U0APPROVER",
+        channel_id: str = "C0CHAN",
+        message_ts: str = "1700000000.000100",
+        trigger_id: str | None = None,
+        response_url: str | None = None,
+        block_id: str = "gate",
+    ) -> dict[str, Any]:
+        return {
+            "type": "block_actions",
+            "team": {"id": self.team_id, "domain": "fake"},
+            "user": {"id": user_id, "username": user_id.lower(), "team_id": self.team_id},
+            "api_app_id": "A0APP",
+            "token": "deprecated-verification-token",
+            "container": {
+                "type": "message",
+                "message_ts": message_ts,
+                "channel_id": channel_id,
+                "is_ephemeral": False,
+            },
+            "trigger_id": trigger_id or f"trigger-{next(self._n)}",
+            "channel": {"id": channel_id, "name": "general"},
+            "message": {"type": "message", "ts": message_ts, "text": "card", "blocks": []},
+            "response_url": response_url or self._response_url(None),
+            "actions": [
+                {
+                    "type": "button",
+                    "action_id": action_id,
+                    "block_id": block_id,
+                    "value": value,
+                    "text": {"type": "plain_text", "text": action_id},
+                    "action_ts": f"{time.time():.6f}",
+                }
+            ],
+        }
+
+    async def action(self, action_id: str, value: str, **kwargs: Any) -> HttpResult:
+        """A button click (``block_actions``), e.g. ``await slack.action("gate_approve", gid)``."""
+        return await self.payload(self.action_payload(action_id, value, **kwargs))
+
+    def view_payload(
+        self,
+        callback_id: str,
+        private_metadata: str,
+        values: dict[str, dict[str, dict[str, Any]]] | None = None,
+        *,
+        user_id: str = "U0APPROVER",
+    ) -> dict[str, Any]:
+        return {
+            "type": "view_submission",
+            "team": {"id": self.team_id, "domain": "fake"},
+            "user": {"id": user_id, "username": user_id.lower(), "team_id": self.team_id},
+            "api_app_id": "A0APP",
+            "token": "deprecated-verification-token",
+            "trigger_id": f"trigger-{next(self._n)}",
+            "view": {
+                "id": "V0VIEW",
+                "type": "modal",
+                "callback_id": callback_id,
+                "private_metadata": private_metadata,
+                "state": {"values": values or {}},
+                "hash": "1",
+            },
+            "response_urls": [],
+        }
+
+    async def view_submission(
+        self, callback_id: str, private_metadata: str, **kwargs: Any
+    ) -> HttpResult:
+        """A modal submission; ``values`` as in ``view.state.values``."""
+        return await self.payload(self.view_payload(callback_id, private_metadata, **kwargs))
+
+    async def payload(self, payload: dict[str, Any], **kwargs: Any) -> HttpResult:
+        """Any interactivity payload, sent as ``payload=<json>``."""
+        return await self.post(urlencode({"payload": json.dumps(payload)}), **kwargs)

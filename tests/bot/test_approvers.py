@@ -1,0 +1,97 @@
+"""APPROVERS: user IDs, user groups (looked up, cached briefly), ``*``; failing closed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from slack_sdk.web.async_client import AsyncWebClient
+
+from agent_core import Gate, GateStatus
+from bot.app import make_web_client
+from bot.approvers import Approvers
+from bot.testing import FakeSlack
+from tests.bot.conftest import bot_settings
+
+
+@pytest.fixture
+async def client(fake_slack: FakeSlack) -> AsyncIterator[AsyncWebClient]:
+    yield make_web_client(bot_settings(fake_slack, SLACK_MAX_RETRIES=0))
+
+
+def gate(requested_by: str = "U0REQ") -> Gate:
+    now = time.time()
+    return Gate(
+        gate_id="g" * 24,
+        run_id="r-x",
+        call_id="c",
+        turn=1,
+        tool="t",
+        args={},
+        args_hash="h",
+        status=GateStatus.PENDING,
+        requested_by=requested_by,
+        created_at=now,
+        deadline=now + 60,
+        timeout=60,
+    )
+
+
+async def test_empty_list_approves_nobody(client: AsyncWebClient) -> None:
+    a = Approvers([], client)
+    assert not a.configured
+    assert not await a.is_approver("U1")
+    assert "No approvers are configured" in (await a.why_not("U1") or "")
+    assert await a.why_not_decide("U0REQ", gate(), approve=False) is None, (
+        "the requester may decline"
+    )
+
+
+async def test_star_and_user_ids(client: AsyncWebClient) -> None:
+    assert await Approvers(["*"], client).why_not("U9") is None
+    a = Approvers(["U1", "W2"], client)
+    assert await a.is_approver("U1") and await a.is_approver("W2")
+    assert "not on the approver list" in (await a.why_not("U3") or "")
+
+
+async def test_groups_are_looked_up_and_cached(
+    client: AsyncWebClient, fake_slack: FakeSlack
+) -> None:
+    fake_slack.set_usergroup("S1", ["U5", "U6"])
+    a = Approvers(["S1"], client, cache_seconds=60)
+    assert await a.is_approver("U5")
+    assert not await a.is_approver("U7")
+    assert await a.is_approver("U6")
+    assert len(fake_slack.calls_to("usergroups.users.list")) == 1
+    fake_slack.set_usergroup("S1", ["U7"])
+    expired = Approvers(["S1"], client, cache_seconds=0)
+    assert await expired.is_approver("U7")
+
+
+async def test_group_lookup_failure_fails_closed(
+    client: AsyncWebClient, fake_slack: FakeSlack
+) -> None:
+    a = Approvers(["S404"], client)
+    assert not await a.is_approver("U5")
+    assert "could not be checked" in (await a.why_not("U5") or "")
+    fake_slack.set_usergroup("S1", ["U5"])
+    fake_slack.fail_next(
+        "usergroups.users.list", 1, status=500, retry_after=None, error="fatal_error"
+    )
+    assert not await Approvers(["S1"], client).is_approver("U5")
+
+
+async def test_self_approval(client: AsyncWebClient) -> None:
+    strict = Approvers(["U0REQ", "U1"], client)
+    assert "ALLOW_SELF_APPROVAL" in (
+        await strict.why_not_decide("U0REQ", gate(), approve=True) or ""
+    )
+    assert await strict.why_not_decide("U1", gate(), approve=True) is None
+    assert await strict.why_not_decide("U0REQ", gate(), approve=False) is None
+    lax = Approvers(["U0REQ"], client, allow_self_approval=True)
+    assert await lax.why_not_decide("U0REQ", gate(), approve=True) is None
+    outsider = Approvers(["U1"], client, allow_self_approval=True)
+    assert await outsider.why_not_decide("U0REQ", gate(), approve=True) is not None, (
+        "still must be an approver"
+    )

@@ -1,0 +1,307 @@
+"""Block Kit builders: every card parses with slack_sdk and stays within Slack's limits."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from slack_sdk.models.blocks import ActionsBlock, Block, HeaderBlock, SectionBlock
+from slack_sdk.models.views import View
+
+from agent_core import Gate, GateStatus, Run, RunStatus
+from bot import cards
+from bot.testing import MAX_BLOCKS_CHARS, _blocks_problem
+
+GATE_ID = "AbCdEfGhIjKlMnOpQrStUvWx"
+
+
+def make_gate(args: dict[str, Any] | None = None, **kw: Any) -> Gate:
+    now = time.time()
+    values: dict[str, Any] = {
+        "gate_id": GATE_ID,
+        "run_id": "r-abcdefghijkl",
+        "call_id": "call_1",
+        "turn": 1,
+        "tool": "delete_user",
+        "description": "Permanently delete a user.",
+        "args": {"user_id": "42"} if args is None else args,
+        "args_hash": "sha256:" + "ab" * 32,
+        "status": GateStatus.PENDING,
+        "agent": "ops",
+        "requested_by": "U0REQ",
+        "origin": {"channel": "C1", "thread_ts": "1.2"},
+        "created_at": now,
+        "deadline": now + 300,
+        "timeout": 300.0,
+    }
+    values.update(kw)
+    return Gate(**values)
+
+
+def assert_valid_message(card: cards.Card) -> list[Block]:
+    """Parse every block with slack_sdk (invalid blocks raise) and check message limits."""
+    assert card.text, "the text fallback is always set"
+    assert len(card.blocks) <= 50
+    assert len(json.dumps(card.blocks, ensure_ascii=False)) <= MAX_BLOCKS_CHARS
+    parsed = []
+    for raw in card.blocks:
+        block = Block.parse(raw)
+        assert block is not None and type(block) is not Block, raw
+        block.validate_json()
+        assert block.to_dict()["type"] == raw["type"]
+        parsed.append(block)
+    assert _blocks_problem(card.blocks, 50) is None
+    return parsed
+
+
+def all_text(blocks: list[dict[str, Any]]) -> str:
+    return json.dumps(blocks, ensure_ascii=False)
+
+
+def actions(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [b for b in blocks if b["type"] == "actions"]
+
+
+def test_pending_card_has_everything_an_approver_needs() -> None:
+    card = cards.gate_card(make_gate())
+    parsed = assert_valid_message(card)
+    text = all_text(card.blocks)
+    assert isinstance(parsed[0], HeaderBlock) and parsed[0].text is not None
+    assert "Approval needed" in parsed[0].text.text
+    for needle in (
+        "ops",
+        "<@U0REQ>",
+        "delete_user",
+        "Permanently delete a user.",
+        '\\"user_id\\": \\"42\\"',
+        "expires",
+        "<!date^",
+    ):
+        assert needle in text, needle
+    (row,) = actions(card.blocks)
+    approve, deny = row["elements"]
+    assert (approve["text"]["text"], approve["style"], approve["value"]) == (
+        "Approve",
+        "primary",
+        GATE_ID,
+    )
+    assert (deny["text"]["text"], deny["style"], deny["value"]) == ("Deny", "danger", GATE_ID)
+    assert "delete_user" in card.text and "<@U0REQ>" in card.text
+
+
+@pytest.mark.parametrize(
+    ("status", "extra", "needles"),
+    [
+        (GateStatus.APPROVED, {"decided_by": "U0APP"}, ["Approved", "<@U0APP>", "<!date^"]),
+        (
+            GateStatus.DENIED,
+            {"decided_by": "U0APP", "reason": "not today"},
+            ["Denied", "<@U0APP>", "not today", "not executed"],
+        ),
+        (
+            GateStatus.EXPIRED,
+            {"timeout": 300.0},
+            ["Expired", "no decision within 5 min, not executed"],
+        ),
+        (GateStatus.CANCELLED, {"decided_by": "U0REQ"}, ["Cancelled", "<@U0REQ>", "not executed"]),
+    ],
+)
+def test_decided_cards_tell_the_outcome_without_buttons(
+    status: GateStatus, extra: dict[str, Any], needles: list[str]
+) -> None:
+    gate = make_gate(status=status, decided_at=time.time(), **extra)
+    card = cards.gate_card(gate)
+    assert_valid_message(card)
+    assert not actions(card.blocks), "buttons are removed once decided"
+    text = all_text(card.blocks)
+    for needle in needles:
+        assert needle in text, (needle, text)
+    assert status.value.capitalize() in card.text or "Cancelled" in card.text
+
+
+def test_tool_results_on_an_approved_card() -> None:
+    gate = make_gate(status=GateStatus.APPROVED, decided_by="U0APP", decided_at=time.time())
+    running = all_text(cards.gate_card(gate).blocks)
+    assert "Running" in running
+    ok = cards.gate_card(gate, cards.ToolResult(ok=True, output="user 42 deleted"))
+    assert "Executed" in all_text(ok.blocks) and "user 42 deleted" in all_text(ok.blocks)
+    failed = cards.gate_card(gate, cards.ToolResult(ok=False, output="boom"))
+    assert "failed" in all_text(failed.blocks)
+    doubt = cards.gate_card(gate, cards.ToolResult(ok=False, output="", in_doubt=True))
+    assert "In doubt" in all_text(doubt.blocks)
+    long = cards.gate_card(gate, cards.ToolResult(ok=True, output="y" * 50_000))
+    assert_valid_message(long)
+    assert "Output truncated: first 1,000 of 50,000 characters" in all_text(long.blocks)
+
+
+def test_20kb_argument_is_truncated_visibly_and_fully_viewable() -> None:
+    big = "x" * 20_000
+    gate = make_gate({"note": big, "to": "someone@example.com"})
+    card = cards.gate_card(gate)
+    assert_valid_message(card)
+    text = all_text(card.blocks)
+    assert "Arguments truncated" in text and "of 20,0" in text
+    assert "someone@example.com" in cards.pretty_args(gate.args)
+    for b in card.blocks:
+        if b["type"] == "section" and "text" in b:
+            assert len(b["text"]["text"]) <= 3000
+    (row,) = actions(card.blocks)
+    assert [e["action_id"] for e in row["elements"]] == ["gate_approve", "gate_deny", "gate_args"]
+    assert all(len(e["value"]) <= 2000 for e in row["elements"])
+
+    modal = cards.args_modal(gate)
+    View(**modal).validate_json()
+    shown = "".join(
+        b["text"]["text"].removeprefix("```\n").removesuffix("\n```")
+        for b in modal["blocks"][1:]
+        if b["type"] == "section"
+    )
+    assert shown == cards.escape(cards.pretty_args(gate.args)), "the modal holds every character"
+
+    # Still valid once decided, with a result.
+    decided = make_gate(
+        {"note": big}, status=GateStatus.APPROVED, decided_by="U1", decided_at=time.time()
+    )
+    assert_valid_message(cards.gate_card(decided, cards.ToolResult(ok=True, output="z" * 5000)))
+
+
+def test_arguments_cannot_mention_everyone_or_break_the_code_block() -> None:
+    gate = make_gate({"body": "<!channel> hi & ``` bye <https://evil|click>"})
+    text = all_text(cards.gate_card(gate).blocks)
+    assert "<!channel>" not in text and "&lt;!channel&gt;" in text
+    assert "<https://evil" not in text
+    section = next(
+        b for b in cards.gate_card(gate).blocks if "Arguments" in b.get("text", {}).get("text", "")
+    )
+    assert section["text"]["text"].count("```") == 2
+
+
+def test_huge_modal_argument_is_still_valid() -> None:
+    gate = make_gate({"blob": "q" * 400_000})
+    modal = cards.args_modal(gate)
+    View(**modal).validate_json()
+    assert len(modal["blocks"]) <= 100
+    assert "Still truncated" in all_text(modal["blocks"])
+
+
+def test_deny_modal_is_valid() -> None:
+    meta = json.dumps({"gate_id": GATE_ID, "channel": "C1"})
+    modal = cards.deny_modal(make_gate(), meta)
+    View(**modal).validate_json()
+    assert len(modal["title"]["text"]) <= 24
+    assert modal["private_metadata"] == meta and modal["callback_id"] == cards.DENY_CALLBACK
+
+
+def test_root_and_status_messages_are_valid() -> None:
+    now = time.time()
+    run = Run(
+        run_id="r-abcdefghijkl",
+        agent="ops",
+        task="t" * 5000,
+        requested_by="U1",
+        status=RunStatus.AWAITING_APPROVAL,
+        created_at=now,
+        updated_at=now,
+    )
+    assert_valid_message(cards.root_message(run.task, "U1", None))
+    root = cards.root_message(run.task, "U1", run)
+    assert_valid_message(root)
+    assert "/agent cancel r-abcdefghijkl" in all_text(root.blocks)
+    done = run.model_copy(update={"status": RunStatus.COMPLETED})
+    assert "cancel" not in all_text(cards.root_message("x", "U1", done).blocks)
+    runs = [run.model_copy(update={"run_id": f"r-{i:012d}"}) for i in range(20)]
+    status = cards.status_message(runs, {runs[0].run_id: [make_gate()] * 7})
+    assert_valid_message(status)
+    assert "and 2 more pending" in all_text(status.blocks)
+    assert "no runs" in cards.status_message([], {}).text
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (300, "5 min"),
+        (45, "45 s"),
+        (90, "90 s"),
+        (7200, "2 h"),
+        (3600, "1 h"),
+        (5400, "90 min"),
+        (1, "1 s"),
+    ],
+)
+def test_durations(seconds: float, text: str) -> None:
+    assert cards.fmt_duration(seconds) == text
+
+
+@given(st.text(max_size=3000), st.integers(min_value=5, max_value=400))
+@settings(max_examples=200, deadline=None)
+def test_split_escaped_keeps_every_character(raw: str, limit: int) -> None:
+    parts = cards.split_escaped(raw, limit)
+    assert "".join(parts) == raw
+    assert all(len(cards.escape(p)) <= limit for p in parts)
+
+
+@given(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=12_000))
+@settings(max_examples=100, deadline=None)
+def test_long_answers_are_split_not_cut(text: str) -> None:
+    parts = cards.split_message(text, limit=1000)
+    assert all(len(p) <= 1000 for p in parts)
+    if "```" not in text:
+        squash = re.compile(r"\s+")
+        assert squash.sub("", "".join(parts)) == squash.sub(
+            "", cards.escape(text.strip()) or "(empty)"
+        )
+
+
+def test_answer_messages_number_the_parts_and_balance_fences() -> None:
+    text = "intro\n```\n" + "\n".join(f"line {i}" for i in range(2000)) + "\n```\nend"
+    msgs = cards.answer_messages(text)
+    assert len(msgs) > 3
+    assert msgs[0].startswith("✅ *Answer*")
+    for i, m in enumerate(msgs):
+        assert m.endswith(f"_({i + 1}/{len(msgs)})_")
+        assert m.count("```") % 2 == 0, "each part opens and closes its code block"
+    assert "line 1999" in msgs[-1] and "end" in msgs[-1]
+
+
+@given(
+    st.dictionaries(
+        st.text(min_size=1, max_size=30),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=4000),
+            lambda children: (
+                st.lists(children, max_size=5)
+                | st.dictionaries(st.text(max_size=10), children, max_size=5)
+            ),
+            max_leaves=30,
+        ),
+        max_size=8,
+    ),
+    st.sampled_from(list(GateStatus)),
+)
+@settings(max_examples=60, deadline=None)
+def test_any_arguments_make_a_valid_card(args: dict[str, Any], status: GateStatus) -> None:
+    gate = make_gate(args, status=status, decided_by="U1", decided_at=time.time(), reason="r" * 600)
+    card = cards.gate_card(gate, cards.ToolResult(ok=True, output="o" * 3000))
+    blocks = assert_valid_message(card)
+    assert_valid_message(
+        cards.gate_card(gate, cards.ToolResult(ok=True, output="o" * 3000), compact=True)
+    )
+    assert any(isinstance(b, SectionBlock) for b in blocks)
+    assert bool(actions(card.blocks)) == (status is GateStatus.PENDING)
+    if status is GateStatus.PENDING:
+        assert isinstance(blocks[-1], ActionsBlock)
+
+
+def test_fake_slack_validator_rejects_what_slack_rejects() -> None:
+    """The suite's safety net works: an over-long section fails like Slack would."""
+    assert (
+        _blocks_problem([{"type": "section", "text": {"type": "mrkdwn", "text": "a" * 3001}}], 50)
+        == "invalid_blocks"
+    )
+    assert _blocks_problem([{"type": "bogus"}], 50) == "invalid_blocks"
+    assert _blocks_problem([{"type": "divider"}] * 51, 50) == "invalid_blocks"

@@ -1,0 +1,23 @@
+"""The shipped manifest matches what the code serves and calls."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from bot.server import EVENTS_PATH
+
+MANIFEST = (Path(__file__).resolve().parents[2] / "slack" / "manifest.yml").read_text()
+
+
+def test_manifest_points_slack_at_the_bot() -> None:
+    assert re.search(r"command: /agent\b", MANIFEST)
+    urls = re.findall(r"(?:url|request_url): (\S+)", MANIFEST)
+    assert len(urls) == 2 and all(u.endswith(EVENTS_PATH) for u in urls)
+    assert re.search(r"interactivity:\s*\n\s*is_enabled: true", MANIFEST)
+    assert "socket_mode_enabled: false" in MANIFEST
+
+
+def test_manifest_grants_the_scopes_the_bot_uses() -> None:
+    scopes = re.findall(r"^\s+- ([a-z:.]+)\s", MANIFEST, re.MULTILINE)
+    assert {"commands", "chat:write", "usergroups:read"} <= set(scopes)

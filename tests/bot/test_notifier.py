@@ -1,0 +1,202 @@
+"""The notifier: idempotent under redelivery and replicas; every outcome reaches the card."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from agent_core import EventType
+from agent_core.events import parse_event
+from agent_core.streams import StreamMessage
+from agent_core.testing import FakeOpenAI, call, reply
+from bot.notifier import Notifier
+from tests.bot.conftest import APPROVER, CHANNEL, BotHarness, wait_until
+
+
+async def all_events(bot: BotHarness) -> list[Any]:
+    entries = await bot.redis.xrange(bot.keys.events())
+    return [parse_event(StreamMessage(i, f)) for i, f in entries]
+
+
+async def xadd_event(bot: BotHarness, type_: str, run_id: str, data: dict[str, Any]) -> None:
+    await bot.redis.xadd(
+        bot.keys.events(), {"type": type_, "run_id": run_id, "data": json.dumps(data)}
+    )
+
+
+def posts_and_updates(bot: BotHarness) -> tuple[int, int]:
+    return len(bot.fake.calls_to("chat.postMessage")), len(bot.fake.calls_to("chat.update"))
+
+
+async def run_to_completion(live: BotHarness, fake_openai: FakeOpenAI, task: str) -> str:
+    fake_openai.script(
+        task,
+        [call("delete_user", {"user_id": "1"}), call("lookup", {"key": "k"}), reply("all done")],
+    )
+    run_id = await live.start_task(task)
+    gate = await live.gate_of(run_id)
+    await live.client.action("gate_approve", gate.gate_id, user_id=APPROVER)
+    thread_ts = (await live.gateway.get_run(run_id)).origin["thread_ts"]  # type: ignore[union-attr]
+    await live.fake.wait_for(
+        lambda f: any("all done" in m.text for m in f.thread(CHANNEL, thread_ts))
+    )
+    await live.fake.wait_for(lambda f: f.shows(CHANNEL, thread_ts, "completed"))
+    await live.wait_card(gate.gate_id, "Executed")
+    return run_id
+
+
+async def test_replayed_events_change_nothing(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    run_id = await run_to_completion(live, fake_openai, "replay me")
+    await asyncio.sleep(0.3)
+    thread = live.fake.thread(CHANNEL, (await live.gateway.get_run(run_id)).origin["thread_ts"])  # type: ignore[union-attr]
+    assert [m.text for m in thread if "Ran `lookup`" in m.text], (
+        "ungated tool calls show as progress"
+    )
+    before = posts_and_updates(live)
+    events = await all_events(live)
+    assert {e.type for e in events} >= {
+        EventType.GATE_OPENED,
+        EventType.GATE_DECIDED,
+        EventType.TOOL_EXECUTED,
+        EventType.RUN_COMPLETED,
+    }
+    replica = Notifier(
+        live.gateway,
+        live.server.context.publisher,
+        live.server.context.store,
+        consumer="web-replay",
+    )
+    for event in events + events:
+        await replica.handle(event)
+    assert posts_and_updates(live) == before, "a redelivered event posts and updates nothing"
+
+
+async def test_two_replicas_racing_on_the_same_events_post_one_card(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    task = "race the replicas"
+    fake_openai.script(task, [call("delete_user", {"user_id": "2"}), reply("ok")])
+    run_id = await live.start_task(task)
+    gate = await live.gate_of(run_id)
+    await live.redis.delete(live.keys.ext("slack-card", gate.gate_id))  # as if never posted
+    ctx = live.server.context
+    replicas = [
+        Notifier(live.gateway, ctx.publisher, ctx.store, consumer=f"web-{i}") for i in range(4)
+    ]
+    opened = [e for e in await all_events(live) if e.type is EventType.GATE_OPENED]
+    before = len(live.fake.calls_to("chat.postMessage"))
+    await asyncio.gather(*(r.handle(opened[0]) for r in replicas))
+    assert len(live.fake.calls_to("chat.postMessage")) == before + 1
+
+
+async def test_decision_made_elsewhere_and_in_doubt_reach_the_card(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    task = "decided outside slack"
+    fake_openai.script(task, [call("delete_user", {"user_id": "3"}), reply("ok")])
+    run_id = await live.start_task(task)
+    gate = await live.gate_of(run_id)
+    await live.gateway.decide(gate.gate_id, "approve", by="U0CLI")
+    msg = await live.wait_card(gate.gate_id, "Approved* by <@U0CLI>")
+    assert "gate_approve" not in str(msg.blocks)
+    await live.wait_card(gate.gate_id, "Executed")
+    # A crash report for the same gate (as the core sends for an in-doubt call).
+    await xadd_event(
+        live,
+        "tool.executed",
+        run_id,
+        {
+            "run_id": run_id,
+            "call_id": gate.call_id,
+            "gate_id": gate.gate_id,
+            "tool": "delete_user",
+            "ok": False,
+            "output": "",
+            "in_doubt": True,
+            "origin": gate.origin,
+        },
+    )
+    await live.wait_card(gate.gate_id, "In doubt")
+
+
+async def test_runs_started_outside_slack_are_ignored(bot: BotHarness) -> None:
+    run = await bot.gateway.start_run("from the API", requested_by="api")
+    await xadd_event(
+        bot, "run.completed", run.run_id, {"run_id": run.run_id, "final": "x", "origin": {}}
+    )
+    await xadd_event(
+        bot, "run.failed", run.run_id, {"run_id": run.run_id, "error": "x", "origin": None}
+    )
+
+    async def handled() -> bool:
+        return bot.server.notifier.handled >= 2
+
+    await wait_until(handled)
+    await asyncio.sleep(0.1)
+    assert (await bot.redis.xpending(bot.keys.events(), "bot"))["pending"] == 0
+    assert bot.fake.calls == []
+
+
+async def test_failed_run_is_told_in_the_thread(bot: BotHarness) -> None:
+    run_id = await bot.start_task("this will fail")
+    run = await bot.gateway.get_run(run_id)
+    assert run is not None
+    await xadd_event(
+        bot,
+        "run.failed",
+        run_id,
+        {"run_id": run_id, "error": "model <!here> unavailable", "origin": run.origin},
+    )
+    msgs = await bot.fake.wait_for(
+        lambda f: [m for m in f.thread(CHANNEL, run.origin["thread_ts"]) if "failed" in m.text]
+    )
+    assert "&lt;!here&gt;" in msgs[0].text, "error text is escaped"
+
+
+async def test_transient_slack_failure_leaves_the_event_pending(bot: BotHarness) -> None:
+    run_id = await bot.start_task("flaky slack")
+    run = await bot.gateway.get_run(run_id)
+    assert run is not None
+    await asyncio.sleep(0.2)
+    bot.fake.fail_next(
+        "chat.postMessage", 50, status=503, retry_after=None, error="service_unavailable"
+    )
+    await xadd_event(
+        bot, "run.completed", run_id, {"run_id": run_id, "final": "answer", "origin": run.origin}
+    )
+
+    async def pending_one() -> bool:
+        info = await bot.redis.xpending(bot.keys.events(), "bot")
+        return int(info["pending"]) == 1
+
+    await bot.fake.wait_for(
+        lambda f: [c for c in f.calls_to("chat.postMessage") if c.status == 503]
+    )
+    await asyncio.sleep(0.2)
+    assert await pending_one(), "not acknowledged: it will be delivered again"
+    assert await bot.redis.hget(bot.keys.ext("slack-run", run_id), "posted:final:0") is None
+
+
+async def test_card_refused_for_size_falls_back_to_a_compact_one(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    task = "refused card"
+    fake_openai.script(task, [call("delete_user", {"user_id": "4"}), reply("ok")])
+    run_id = await live.start_task(task)
+    gate = await live.gate_of(run_id)
+    await live.redis.delete(live.keys.ext("slack-card", gate.gate_id))  # as if never posted
+    live.fake.error_next("chat.postMessage", "msg_blocks_too_long")
+    await live.server.context.publisher.show_gate(gate.gate_id)
+    refused, accepted = live.fake.calls_to("chat.postMessage")[-2:]
+    assert refused.response["error"] == "msg_blocks_too_long" and accepted.ok
+    assert "gate_approve" in json.dumps(accepted.args["blocks"]), (
+        "the compact card still has the buttons"
+    )
+    assert (
+        await live.redis.hget(live.keys.ext("slack-card", gate.gate_id), "ts")
+        == accepted.response["ts"]
+    )
