@@ -267,7 +267,7 @@ def main() -> None:
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    for noisy in ("httpx", "openai._base_client"):
+    for noisy in ("httpx", "httpx2", "openai._base_client"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         asyncio.run(serve(settings))
