@@ -58,9 +58,17 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-bench: install redis-check
-	@if [ -d tests/bench ]; then $(VPY) -m pytest -q tests/bench $(PYTEST_ARGS); \
-	else echo "no tests/bench yet"; fi
+# Benchmarks (tests/bench, not part of `make test`): installs the `bench` extra (the peer
+# frameworks, py-spy), prints the tables and writes tests/bench/RESULTS.md. ~5 minutes.
+# BENCH_ARGS="--quick" for a smoke run, "--only pause" (or throughput, memory) for one part.
+BENCH_STAMP := $(VENV)/.bench-installed
+BENCH_ARGS  ?=
+$(BENCH_STAMP): pyproject.toml | $(STAMP)
+	$(VPY) -m pip install -q -e '.[dev,bench]'
+	@touch $@
+
+bench: install redis-check $(BENCH_STAMP)
+	$(VPY) -m tests.bench $(BENCH_ARGS)
 
 soak: install redis-check
 	@if [ -d tests/soak ]; then $(VPY) -m pytest -q tests/soak $(PYTEST_ARGS); \

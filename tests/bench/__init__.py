@@ -1,0 +1,1 @@
+"""Benchmarks (`make bench`): pause/resume versus history, throughput, memory. Not tests."""

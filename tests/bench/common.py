@@ -1,0 +1,277 @@
+"""Shared pieces of the benchmarks: Redis traffic counters, model timing, statistics, machine.
+
+Measuring rules used everywhere:
+
+* **Round trips and bytes written** are counted on the client side by a redis-py connection
+  class that wraps ``send_packed_command``: one call is one round trip (a pipeline or a
+  MULTI/EXEC block is one), and its byte length is what Redis reads from that client. The
+  server-side ``INFO`` deltas (``total_net_input_bytes``, ``total_net_output_bytes``, the sum
+  of ``INFO commandstats`` calls) are taken around the same windows as a cross-check and for
+  bytes *read*, with the cost of the ``INFO`` call itself calibrated and subtracted.
+* **The model round trip** is timed around ``client.chat.completions.create`` of the very
+  ``AsyncOpenAI`` object each framework uses (request building, HTTP to the fake, the fake's
+  own work, response parsing). It is reported separately and subtracted from the timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from openai import AsyncOpenAI
+from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# --------------------------------------------------------------------------- statistics
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def p99(xs: Sequence[float]) -> float:
+    """Nearest-rank 99th percentile (the maximum for fewer than 100 samples)."""
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, -(-99 * len(s) // 100) - 1))
+    return s[k]
+
+
+def ms(x: float) -> str:
+    if x != x:  # NaN
+        return "n/a"
+    v = x * 1000
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+
+
+def kb(x: float) -> str:
+    if x != x:
+        return "n/a"
+    return f"{x:.0f} B" if x < 1024 else f"{x / 1024:.1f} KiB"
+
+
+def ratio(a: float, b: float) -> str:
+    if b <= 0 or a != a or b != b:
+        return "n/a"
+    return f"{a / b:.1f}x"
+
+
+# --------------------------------------------------------------------------- Redis traffic
+@dataclass
+class Traffic:
+    """What one role's clients sent to Redis: round trips and bytes (= Redis input bytes)."""
+
+    round_trips: int = 0
+    bytes_out: int = 0
+
+    def snapshot(self) -> Traffic:
+        return Traffic(self.round_trips, self.bytes_out)
+
+    def __sub__(self, other: Traffic) -> Traffic:
+        return Traffic(self.round_trips - other.round_trips, self.bytes_out - other.bytes_out)
+
+    def __add__(self, other: Traffic) -> Traffic:
+        return Traffic(self.round_trips + other.round_trips, self.bytes_out + other.bytes_out)
+
+
+class _CountingConnection(Connection):
+    traffic: Traffic  # set on the per-client subclass
+
+    async def send_packed_command(
+        self, command: bytes | str | Any, check_health: bool = True
+    ) -> None:
+        if isinstance(command, str):
+            command = command.encode()
+        if isinstance(command, bytes):
+            command = [command]
+        command = list(command)
+        self.traffic.round_trips += 1
+        self.traffic.bytes_out += sum(len(c) for c in command)
+        await super().send_packed_command(command, check_health)
+
+
+def count_traffic(client: Redis, traffic: Traffic) -> Redis:
+    """Make every connection of ``client`` (not yet connected) count into ``traffic``."""
+    pool = client.connection_pool
+    if pool.connection_class is not Connection:
+        raise TypeError(f"cannot count traffic over {pool.connection_class.__name__}")
+    pool.connection_class = type("CountingConnection", (_CountingConnection,), {"traffic": traffic})
+    return client
+
+
+@dataclass
+class ServerStats:
+    """A snapshot (or a difference) of the server's traffic counters."""
+
+    net_in: int
+    net_out: int
+    by_cmd: dict[str, int]  # INFO commandstats calls, INFO itself left out
+
+    @property
+    def calls(self) -> int:
+        """Commands executed, including those a Lua script ran (redis.call)."""
+        return sum(self.by_cmd.values())
+
+    def __sub__(self, other: ServerStats) -> ServerStats:
+        cmds = {
+            k: v - other.by_cmd.get(k, 0)
+            for k, v in self.by_cmd.items()
+            if v - other.by_cmd.get(k, 0)
+        }
+        return ServerStats(self.net_in - other.net_in, self.net_out - other.net_out, cmds)
+
+
+class ServerProbe:
+    """Reads ``INFO stats commandstats`` on a client of its own; subtracts its own cost."""
+
+    def __init__(self, url: str) -> None:
+        self.redis = Redis.from_url(url, decode_responses=True)
+        self.overhead = ServerStats(0, 0, {})
+
+    async def snapshot(self) -> ServerStats:
+        info = await self.redis.info("stats", "commandstats")
+        cmds = {
+            k.removeprefix("cmdstat_"): int(v["calls"])
+            for k, v in info.items()
+            if k.startswith("cmdstat_") and k != "cmdstat_info" and isinstance(v, dict)
+        }
+        return ServerStats(
+            int(info["total_net_input_bytes"]), int(info["total_net_output_bytes"]), cmds
+        )
+
+    async def calibrate(self, n: int = 9) -> None:
+        """The counters' growth between two back-to-back snapshots (the INFO call itself)."""
+        deltas = []
+        for _ in range(n):
+            a = await self.snapshot()
+            b = await self.snapshot()
+            deltas.append(b - a)
+        self.overhead = ServerStats(
+            int(median([d.net_in for d in deltas])), int(median([d.net_out for d in deltas])), {}
+        )
+
+    def delta(self, before: ServerStats, after: ServerStats) -> ServerStats:
+        d = after - before
+        return ServerStats(
+            d.net_in - self.overhead.net_in, d.net_out - self.overhead.net_out, d.by_cmd
+        )
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+
+# --------------------------------------------------------------------------- model timing
+@dataclass
+class ModelClock:
+    """Time spent inside ``chat.completions.create`` of one client: (start, end) pairs."""
+
+    calls: list[tuple[float, float]] = field(default_factory=list)
+
+    def wrap(self, client: AsyncOpenAI) -> AsyncOpenAI:
+        completions = client.chat.completions
+        create: Callable[..., Awaitable[Any]] = completions.create
+
+        async def timed_create(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return await create(*args, **kwargs)
+            finally:
+                self.calls.append((t0, time.perf_counter()))
+
+        completions.create = timed_create  # type: ignore[method-assign]
+        return client
+
+    def within(self, a: float, b: float) -> list[tuple[float, float]]:
+        return [(s, e) for s, e in self.calls if s >= a and e <= b]
+
+    def time_within(self, a: float, b: float) -> float:
+        return sum(e - s for s, e in self.within(a, b))
+
+
+# --------------------------------------------------------------------------- workload
+_WORDS = (
+    "the deploy of service alpha failed on node seven because the disk quota was exceeded "
+    "please check the logs rotate them and retry the rollout after the backup completes "
+    "user reported latency spikes in region west between noon and two while the cache warmed"
+).split()
+
+
+def prior_messages(n: int, seed: int = 7) -> list[dict[str, str]]:
+    """``n`` prior chat messages of ~200 characters, alternating assistant / user.
+
+    They follow the run's first user message (the task), so with an even ``n`` the history
+    ends with a user message and the model request is valid.
+    """
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        words: list[str] = []
+        while sum(len(w) + 1 for w in words) < 200:
+            words.append(rng.choice(_WORDS))
+        text = " ".join(words)[:200]
+        out.append({"role": "assistant" if i % 2 == 0 else "user", "content": text})
+    return out
+
+
+# --------------------------------------------------------------------------- machine
+def _run(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def machine() -> dict[str, str]:
+    """The machine and software the figures come from."""
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "?"
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+                break
+    except OSError:
+        pass
+    return {
+        "cpus": str(os.cpu_count()),
+        "cpu": cpu,
+        "memory": mem,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "redis": _run(["redis-server", "--version"]).replace("Redis server ", ""),
+        "redis-py": _version("redis"),
+        "openai": _version("openai"),
+        "openai-agents": _version("openai-agents"),
+        "langgraph": _version("langgraph"),
+        "langchain-openai": _version("langchain-openai"),
+    }
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
