@@ -26,6 +26,11 @@ _GATE_ID = re.compile(r"^[A-Za-z0-9_-]{24}$")
 _RUN_ID = re.compile(r"^r-[a-z0-9]{12}$")
 
 
+def pairs(flat: list[str]) -> dict[str, str]:
+    """A hash returned by a script as a flat [field, value, ...] list, as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
 def new_run_id() -> str:
     """A short run id a person can type (``r-`` and 12 base-36 characters)."""
     alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -129,9 +134,16 @@ class Gateway:
         for _ in range(10):
             gate_ids = sorted(await self.redis.smembers(k.run_gates(run_id)))
             res = await self._cancel(
-                keys=[k.run(run_id), k.deadlines(), k.events(), k.run_gates(run_id)]
+                keys=[k.run(run_id), k.deadlines(), k.events(), k.run_gates(run_id), k.finished()]
                 + [k.gate(g) for g in gate_ids],
-                args=[by, (reason or "")[:MAX_REASON_CHARS], self.events_maxlen, run_id, *gate_ids],
+                args=[
+                    by,
+                    (reason or "")[:MAX_REASON_CHARS],
+                    self.events_maxlen,
+                    run_id,
+                    "",
+                    *gate_ids,
+                ],
             )
             if res[0] == "missing":
                 raise RunNotFound(f"no run {run_id!r}")
@@ -213,9 +225,7 @@ class Gateway:
             raise GateNotFound(f"no gate {gate_id!r}")
         if res[0] == "not_due":
             raise InvalidState(f"gate {gate_id} is not due yet")
-        gate = await self.get_gate(gate_id)
-        assert gate is not None
-        return DecideResult(applied=res[0] == "applied", gate=gate)
+        return DecideResult(applied=res[0] == "applied", gate=Gate.from_hash(pairs(res[1])))
 
     async def due_gates(self, limit: int = 100) -> tuple[list[str], float | None]:
         """Pending gate ids past their deadline (Redis clock), and the next deadline after them."""
@@ -227,6 +237,36 @@ class Gateway:
         due = [g for g, score in entries if score <= now]
         later = [score for _, score in entries if score > now]
         return due, (later[0] - now if later else None)
+
+    async def purge_finished(self, older_than: float, limit: int = 100) -> int:
+        """Delete the keys of runs that finished more than ``older_than`` seconds ago.
+
+        Several workers may purge at once: deleting twice is harmless. Returns how many runs
+        were purged.
+        """
+        k = self.keys
+        sec, usec = await self.redis.time()
+        cutoff = sec + usec / 1e6 - older_than
+        run_ids = await self.redis.zrangebyscore(k.finished(), "-inf", cutoff, start=0, num=limit)
+        if not run_ids:
+            return 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for run_id in run_ids:
+                pipe.hmget(k.run(run_id), ["turn", "requested_by"])
+                pipe.smembers(k.run_gates(run_id))
+            replies = await pipe.execute()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for i, run_id in enumerate(run_ids):
+                (turn, requested_by), gate_ids = replies[2 * i], replies[2 * i + 1]
+                doomed = [k.run(run_id), k.history(run_id), k.run_gates(run_id), k.lock(run_id)]
+                doomed += [k.turn(run_id, n) for n in range(1, int(turn or 0) + 1)]
+                doomed += [k.gate(g) for g in gate_ids]
+                pipe.unlink(*doomed)
+                if requested_by:
+                    pipe.zrem(k.user_runs(requested_by), run_id)
+                pipe.zrem(k.finished(), run_id)
+            await pipe.execute()
+        return len(run_ids)
 
     # --- events -----------------------------------------------------------------------
     def event_consumer(

@@ -49,6 +49,10 @@ class Keys:
         """Hash: one approval gate."""
         return f"{self._base}:gate:{gate_id}"
 
+    def finished(self) -> str:
+        """Sorted set: finished run ids scored by when they finished (for retention)."""
+        return f"{self._base}:finished"
+
     def deadlines(self) -> str:
         """Sorted set: pending gate ids scored by their deadline (unix seconds)."""
         return f"{self._base}:deadlines"

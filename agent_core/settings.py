@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     worker_lease: float = Field(30.0, validation_alias="WORKER_LEASE", ge=0.5)
     job_max_deliveries: int = Field(5, validation_alias="JOB_MAX_DELIVERIES", ge=1)
     sweep_interval: float = Field(1.0, validation_alias="SWEEP_INTERVAL", gt=0, le=60)
+    run_retention: float = Field(7 * 86400, validation_alias="RUN_RETENTION", ge=0)
     events_maxlen: int = Field(100_000, validation_alias="EVENTS_MAXLEN", ge=1000)
     log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
 

@@ -38,6 +38,7 @@ class StreamConsumer:
         dead_stream: str,
         claim_idle_ms: int = 30_000,
         max_deliveries: int = 5,
+        delete_acked: bool = False,
     ) -> None:
         self.redis = redis
         self.stream = stream
@@ -46,6 +47,9 @@ class StreamConsumer:
         self.dead_stream = dead_stream
         self.claim_idle_ms = claim_idle_ms
         self.max_deliveries = max_deliveries
+        # Only for a stream read by this one group (jobs): an acknowledged entry is then
+        # never needed again, so it is deleted instead of growing the stream forever.
+        self.delete_acked = delete_acked
         self._group_ready = False
         self._next_claim = 0.0
 
@@ -105,7 +109,13 @@ class StreamConsumer:
 
     async def ack(self, msg_id: str) -> None:
         """Acknowledge a message whose effect is persisted."""
-        await self.redis.xack(self.stream, self.group, msg_id)
+        if not self.delete_acked:
+            await self.redis.xack(self.stream, self.group, msg_id)
+            return
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xack(self.stream, self.group, msg_id)
+            pipe.xdel(self.stream, msg_id)
+            await pipe.execute()
 
     async def touch(self, msg_id: str) -> None:
         """Reset the idle time of a message this consumer is still working on."""
@@ -121,4 +131,6 @@ class StreamConsumer:
                 approximate=True,
             )
             pipe.xack(self.stream, self.group, msg.id)
+            if self.delete_acked:
+                pipe.xdel(self.stream, msg.id)
             await pipe.execute()

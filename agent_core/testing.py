@@ -300,7 +300,7 @@ class FakeOpenAI:
         return self
 
     async def _start_site(self) -> None:
-        app = web.Application()
+        app = web.Application(client_max_size=256 * 1024**2)  # long histories exceed 1 MiB
         app.router.add_post("/v1/chat/completions", self._handle_chat)
         app.router.add_get("/v1/models", self._handle_models)
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)

@@ -76,9 +76,11 @@ class Worker:
             dead_stream=self.keys.dead_jobs(),
             claim_idle_ms=lease_ms,
             max_deliveries=settings.job_max_deliveries,
+            delete_acked=True,
         )
         self._renew = redis.register_script(scripts.RENEW_LOCK)
         self._release = redis.register_script(scripts.RELEASE_LOCK)
+        self._finish_job = redis.register_script(scripts.FINISH_JOB)
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self._inflight: set[asyncio.Task[None]] = set()
         self.stopping = asyncio.Event()
@@ -165,15 +167,22 @@ class Worker:
                 log.info("run %s is busy elsewhere; job %s left pending", run_id, msg.id)
                 return
             heartbeat = asyncio.create_task(self._heartbeat(run_id, token, msg))
+            finished = False
             try:
                 await self.runner.advance(run_id)
-                await self.jobs.ack(msg.id)
+                heartbeat.cancel()
+                await self._finish_job(
+                    keys=[self.keys.jobs(), self.keys.lock(run_id)],
+                    args=[JOBS_GROUP, msg.id, token],
+                )
+                finished = True
             finally:
                 heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await heartbeat
-                with contextlib.suppress(RedisError, OSError):
-                    await self._release(keys=[self.keys.lock(run_id)], args=[token])
+                if not finished:
+                    with contextlib.suppress(RedisError, OSError):
+                        await self._release(keys=[self.keys.lock(run_id)], args=[token])
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -201,8 +210,14 @@ class Worker:
     # --- expiry -----------------------------------------------------------------------
     async def _sweep_forever(self) -> None:
         interval = self.settings.sweep_interval
+        retention = self.settings.run_retention
+        loop = asyncio.get_running_loop()
+        next_purge = loop.time()
         while not self.stopping.is_set():
             try:
+                if retention and loop.time() >= next_purge:
+                    purged = await self.gateway.purge_finished(retention)
+                    next_purge = loop.time() + (0 if purged == 100 else min(60.0, retention))
                 expired = await self.sweep()
                 due, next_in = await self.gateway.due_gates(limit=1)
                 wait = 0.0 if (expired and due) else min(next_in or interval, interval)
