@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from agent_core import Agent, ConfigError, GatewayError, Settings
-from agent_core.settings import DEFAULT_AGENT
 from agent_core.agent import load_agent
+from agent_core.settings import DEFAULT_AGENT
 from tests.redis_server import ExternalRedis, RedisServer
 
 REPO = Path(__file__).resolve().parents[2]
