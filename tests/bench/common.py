@@ -15,6 +15,7 @@ Measuring rules used everywhere:
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import platform
@@ -180,17 +181,34 @@ class ModelClock:
     calls: list[tuple[float, float]] = field(default_factory=list)
 
     def wrap(self, client: AsyncOpenAI) -> AsyncOpenAI:
+        """Time ``chat.completions.create`` and ``post("/chat/completions")`` (ours uses the
+        latter); a call inside the other is counted once."""
         completions = client.chat.completions
         create: Callable[..., Awaitable[Any]] = completions.create
+        post: Callable[..., Awaitable[Any]] = client.post
+        inside: contextvars.ContextVar[bool] = contextvars.ContextVar("inside", default=False)
 
-        async def timed_create(*args: Any, **kwargs: Any) -> Any:
+        async def timed(call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
+            if inside.get():
+                return await call(*args, **kwargs)
+            token = inside.set(True)
             t0 = time.perf_counter()
             try:
-                return await create(*args, **kwargs)
+                return await call(*args, **kwargs)
             finally:
                 self.calls.append((t0, time.perf_counter()))
+                inside.reset(token)
+
+        async def timed_create(*args: Any, **kwargs: Any) -> Any:
+            return await timed(create, *args, **kwargs)
+
+        async def timed_post(path: str, *args: Any, **kwargs: Any) -> Any:
+            if path != "/chat/completions":
+                return await post(path, *args, **kwargs)
+            return await timed(post, path, *args, **kwargs)
 
         completions.create = timed_create  # type: ignore[method-assign]
+        client.post = timed_post  # type: ignore[method-assign]
         return client
 
     def within(self, a: float, b: float) -> list[tuple[float, float]]:
