@@ -70,9 +70,11 @@ $(BENCH_STAMP): pyproject.toml | $(STAMP)
 bench: install redis-check $(BENCH_STAMP)
 	$(VPY) -m tests.bench $(BENCH_ARGS)
 
+# The chaos soak (tests/soak): runs under random decisions while web, workers and Redis are
+# SIGKILLed. SOAK_SECONDS=600 by default; SOAK_SEED=N replays a seed's choices.
+SOAK_SECONDS ?= 600
 soak: install redis-check
-	@if [ -d tests/soak ]; then $(VPY) -m pytest -q tests/soak $(PYTEST_ARGS); \
-	else echo "no tests/soak yet"; fi
+	SOAK_SECONDS=$(SOAK_SECONDS) $(VPY) -m pytest -q -s -p no:cacheprovider tests/soak $(PYTEST_ARGS)
 
 # ------------------------------------------------------------------------ run
 # Starts web + worker with honcho. Without REDIS_URL, starts (or reuses) a local append-only

@@ -7,6 +7,7 @@ Every key comes from ``Keys.ext`` so it shares the deployment prefix and hash ta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from agent_core import scripts
 from agent_core.keys import Keys
 
 from .cards import ToolResult
@@ -23,14 +25,10 @@ RUN_NS = "slack-run"
 LOCK_NS = "slack-lock"
 # Bot records outlive the runs people still look at, then go away on their own.
 RECORD_TTL_SECONDS = 30 * 24 * 3600
-LOCK_TTL_MS = 120_000
-
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
+# A lock lives LOCK_TTL_MS unless its holder renews it (every third of that while it works):
+# a web process killed while holding one blocks that card for seconds, not minutes.
+LOCK_TTL_MS = 10_000
+LOCK_WAIT_SECONDS = 3.0
 
 
 class LockBusy(Exception):
@@ -56,7 +54,8 @@ class Store:
     def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
         self.redis = redis
         self.keys = keys
-        self._release = redis.register_script(_RELEASE)
+        self._release = redis.register_script(scripts.RELEASE_LOCK)
+        self._renew = redis.register_script(scripts.RENEW_LOCK)
 
     # --- cards ------------------------------------------------------------------------
     def card_key(self, gate_id: str) -> str:
@@ -111,8 +110,10 @@ class Store:
 
     # --- locks ------------------------------------------------------------------------
     @asynccontextmanager
-    async def lock(self, name: str, wait_seconds: float = 30.0) -> AsyncIterator[None]:
-        """A short mutual exclusion across replicas (SET NX PX, released only by its owner)."""
+    async def lock(self, name: str, wait_seconds: float = LOCK_WAIT_SECONDS) -> AsyncIterator[None]:
+        """A short mutual exclusion across replicas (SET NX PX, renewed while held, released
+        only by its owner). :class:`LockBusy` if another holder keeps it past ``wait_seconds``.
+        """
         key = self.keys.ext(LOCK_NS, name)
         token = secrets.token_hex(8)
         loop = asyncio.get_running_loop()
@@ -123,10 +124,20 @@ class Store:
                 raise LockBusy(name)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
+        renewer = asyncio.create_task(self._keep(key, token))
         try:
             yield
         finally:
+            renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewer
             await self._release(keys=[key], args=[token])
+
+    async def _keep(self, key: str, token: str) -> None:
+        while True:
+            await asyncio.sleep(LOCK_TTL_MS / 3000)
+            with contextlib.suppress(aioredis.RedisError, OSError):
+                await self._renew(keys=[key], args=[token, LOCK_TTL_MS])
 
     # --- helpers ----------------------------------------------------------------------
     async def _hgetall(self, key: str) -> dict[str, str]:
