@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import Any
 
+import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
 from redis.exceptions import RedisError
@@ -125,6 +126,7 @@ class BotServer:
         self._stop = asyncio.Event()
         self._notifier_task: asyncio.Task[None] | None = None
         self._socket_task: asyncio.Task[Any] | None = None
+        self._session: aiohttp.ClientSession | None = None
 
     @property
     def url(self) -> str:
@@ -134,6 +136,15 @@ class BotServer:
         return f"http://127.0.0.1:{port}"
 
     async def start(self) -> BotServer:
+        if self.client.session is None:
+            # One pooled HTTP session for every Web API call: slack_sdk otherwise opens a
+            # session (and a connection) per call, which a burst of clicks turns into
+            # hundreds of sockets.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=64),
+                timeout=aiohttp.ClientTimeout(total=30),
+            )
+            self.client.session = self._session
         self._runner = web.AppRunner(
             build_web_app(self.app, self.settings, self.redis),
             access_log=None,
@@ -182,6 +193,10 @@ class BotServer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._notifier_task
             self._notifier_task = None
+        if self._session is not None:
+            self.client.session = None
+            await self._session.close()
+            self._session = None
 
     async def wait(self) -> None:
         """Until :meth:`request_stop` (SIGTERM/SIGINT), or until the notifier dies."""
