@@ -152,8 +152,15 @@ class Tool:
             raise ToolArgumentsError(
                 f"arguments are not valid JSON ({exc.msg} at {exc.pos})"
             ) from exc
+        except (ValueError, RecursionError) as exc:  # 4,300+ digit numbers, deep nesting
+            raise ToolArgumentsError(f"arguments are not usable JSON ({exc})"[:300]) from exc
         if not isinstance(data, dict):
             raise ToolArgumentsError("arguments must be a JSON object")
+        try:
+            # Lone surrogates (\ud800) parse but cannot be stored, hashed or shown.
+            json.dumps(data, ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise ToolArgumentsError("arguments contain text that is not valid Unicode") from exc
         try:
             self.params_model.model_validate(data)
         except ValidationError as exc:

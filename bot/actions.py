@@ -12,7 +12,6 @@ import re
 from collections.abc import Awaitable
 from typing import Any
 
-from redis.exceptions import RedisError
 from slack_bolt.async_app import AsyncApp
 
 from agent_core.exceptions import GateNotFound
@@ -208,7 +207,9 @@ def _reason(view: dict[str, Any]) -> str | None:
         return None
     if not isinstance(value, str) or not value.strip():
         return None
-    return value.strip()[: cards.REASON_MAX]
+    # JSON may carry lone surrogates (\ud800) that no UTF-8 encoder (nor Redis) accepts.
+    clean = value.encode("utf-8", "replace").decode("utf-8")
+    return clean.strip()[: cards.REASON_MAX]
 
 
 def _origin_channel(gate: Gate) -> str | None:
@@ -227,7 +228,7 @@ async def _guard(
     """Run a handler's work; if the backend fails, tell the clicker instead of going silent."""
     try:
         await work
-    except (RedisError, OSError) as exc:
+    except Exception as exc:  # never leave a clicker without an answer
         log.error("handling a click failed: %s", type(exc).__name__)
         user_id = _user_id(body)
         if user_id:

@@ -66,6 +66,13 @@ class Commands:
 
     async def start(self, body: dict[str, Any], user_id: str, task: str, respond: Any) -> None:
         ctx = self.ctx
+        # A replayed request (same signed body, within Bolt's 5-minute window) carries the
+        # same trigger_id: start one run, not two.
+        trigger = body.get("trigger_id")
+        if isinstance(trigger, str) and trigger:
+            if not await ctx.store.first_time("slack-trigger", trigger):
+                log.warning("a repeated /agent request (same trigger_id) was ignored")
+                return
         channel = str(body.get("channel_id") or "")
         root = cards.root_message(task, user_id, None, self.command)
         try:

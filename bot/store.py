@@ -108,6 +108,11 @@ class Store:
     async def mark_posted(self, run_id: str, marker: str, ts: str) -> None:
         await self._hset(self.run_key(run_id), {f"posted:{marker}": ts})
 
+    async def first_time(self, namespace: str, ident: str, ttl_seconds: int = 600) -> bool:
+        """True the first time ``ident`` is seen in ``namespace`` within ``ttl_seconds``."""
+        key = self.keys.ext(namespace, ident)
+        return bool(await self.redis.set(key, "1", nx=True, ex=ttl_seconds))
+
     # --- locks ------------------------------------------------------------------------
     @asynccontextmanager
     async def lock(self, name: str, wait_seconds: float = LOCK_WAIT_SECONDS) -> AsyncIterator[None]:

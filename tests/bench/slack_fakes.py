@@ -1,0 +1,105 @@
+"""``python -m tests.bench.slack_fakes GATES COMMANDS``: the fake Slack and fake OpenAI servers
+of the Slack latency benchmark, in a process of their own.
+
+They are :class:`bot.testing.FakeSlack` and :class:`agent_core.testing.FakeOpenAI`, unchanged
+but for a timestamp: the first ``chat.update`` that turns a gate card into its decided state
+is timed with ``time.monotonic()`` (the same clock in every process), to measure
+click → card updated. Running them here keeps their CPU time (every Slack call and every model
+call of the web and worker processes lands in them) off the load generator's GIL.
+
+Scripts: task ``slack-bench {i}`` (``i < GATES``) calls ``delete_user(user_id="u{i}")`` then
+answers "done"; task ``slack-bench cmd {i}`` (``i < COMMANDS``) the same with ``c{i}``.
+
+Protocol: prints ``READY <slack base url> <openai base url>``, then answers each stdin line
+``stats`` with one JSON line; ``quit`` or end of input stops the servers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from agent_core.testing import FakeOpenAI, call, reply
+from bot.testing import FakeSlack
+
+DECIDED_PREFIXES = ("Approved:", "Denied:", "Expired:", "Cancelled:")
+
+
+def gate_task(i: int) -> str:
+    return f"slack-bench {i}"
+
+
+def command_task(i: int) -> str:
+    return f"slack-bench cmd {i}"
+
+
+class TimedSlack(FakeSlack):
+    """A :class:`FakeSlack` that timestamps the first "decided" update of each message."""
+
+    def __init__(self) -> None:
+        # Block Kit validation is the fake's own check of our cards, not Slack's cost to us.
+        super().__init__(validate_blocks=False)
+        self.decided_at: dict[str, float] = {}
+        self._timing_lock = threading.Lock()
+
+    def _api_chat_update(self, args: dict[str, Any]) -> dict[str, Any]:
+        body = super()._api_chat_update(args)
+        if body.get("ok") and str(args.get("text") or "").startswith(DECIDED_PREFIXES):
+            key = f"{args.get('channel')}|{args.get('ts')}"
+            with self._timing_lock:
+                self.decided_at.setdefault(key, time.monotonic())
+        return body
+
+    def stats(self) -> dict[str, Any]:
+        calls = self.calls
+        methods = Counter(c.method.split(":")[0] for c in calls)
+        failed = Counter(c.method.split(":")[0] for c in calls if not c.ok)
+        already = sum(
+            1
+            for c in calls
+            if c.method.startswith("response_url:")
+            and str(c.args.get("text") or "").startswith("Already approved")
+        )
+        live = sum(1 for m in self.messages if "gate_approve" in json.dumps(m.blocks))
+        with self._timing_lock:
+            decided = dict(self.decided_at)
+        return {
+            "calls": dict(methods),
+            "failed": dict(failed),
+            "already_decided_replies": already,
+            "cards_with_buttons": live,
+            "decided_at": decided,
+        }
+
+
+def main(argv: list[str]) -> int:
+    gates, commands = int(argv[0]), int(argv[1])
+    slack = TimedSlack().start()
+    model = FakeOpenAI().start()
+    try:
+        for i in range(gates):
+            model.script(gate_task(i), [call("delete_user", {"user_id": f"u{i}"}), reply("done")])
+        for i in range(commands):
+            model.script(
+                command_task(i), [call("delete_user", {"user_id": f"c{i}"}), reply("done")]
+            )
+        print(f"READY {slack.base_url} {model.base_url}", flush=True)
+        for line in sys.stdin:
+            cmd = line.strip()
+            if cmd == "stats":
+                out = slack.stats() | {"model_errors": model.errors[:5]}
+                print(json.dumps(out), flush=True)
+            elif cmd == "quit":
+                break
+    finally:
+        slack.stop()
+        model.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
