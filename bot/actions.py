@@ -6,6 +6,7 @@ Every handler calls ``ack()`` first. The decision itself is one atomic call into
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -23,6 +24,7 @@ from .publisher import slack_error
 
 log = logging.getLogger(__name__)
 
+ACK_BUDGET_SECONDS = 2.0
 UNKNOWN_GATE = "This approval request does not exist (or no longer exists), so nothing was decided."
 MALFORMED = "That request was malformed, so nothing was decided."
 
@@ -94,12 +96,14 @@ class GateActions:
             return None
         return user_id, gate
 
-    async def approve(self, body: dict[str, Any], respond: Any) -> None:
+    async def approve(
+        self, body: dict[str, Any], respond: Any, decided: asyncio.Event | None = None
+    ) -> None:
         loaded = await self._load(body, respond, approve=True)
         if loaded is None:
             return
         user_id, gate = loaded
-        await self._decide(user_id, gate, Decision.APPROVE, None, _channel(body), respond)
+        await self._decide(user_id, gate, Decision.APPROVE, None, _channel(body), respond, decided)
 
     async def deny_clicked(self, body: dict[str, Any], respond: Any) -> None:
         loaded = await self._load(body, respond, approve=False)
@@ -121,7 +125,9 @@ class GateActions:
                 respond=respond,
             )
 
-    async def deny_submitted(self, body: dict[str, Any]) -> None:
+    async def deny_submitted(
+        self, body: dict[str, Any], decided: asyncio.Event | None = None
+    ) -> None:
         user_id = _user_id(body)
         raw_view = body.get("view")
         view: dict[str, Any] = raw_view if isinstance(raw_view, dict) else {}
@@ -149,7 +155,7 @@ class GateActions:
         if why is not None:
             await tell(user_id, why, channel=channel)
             return
-        await self._decide(user_id, gate, Decision.DENY, reason, channel, None)
+        await self._decide(user_id, gate, Decision.DENY, reason, channel, None, decided)
 
     async def show_args(self, body: dict[str, Any], respond: Any) -> None:
         user_id, gate_id = _user_id(body), _action_value(body)
@@ -176,11 +182,14 @@ class GateActions:
         reason: str | None,
         channel: str | None,
         respond: Any,
+        decided: asyncio.Event | None = None,
     ) -> None:
         try:
             result = await self.ctx.gateway.decide(
                 gate.gate_id, decision, by=user_id, reason=reason
             )
+            if decided is not None:
+                decided.set()  # durable in Redis: the click may be acknowledged now
         except GateNotFound:
             await self.ctx.publisher.tell(user_id, UNKNOWN_GATE, channel=channel, respond=respond)
             return
@@ -238,11 +247,25 @@ async def _guard(
 def register(app: AsyncApp, ctx: BotContext) -> None:
     actions = GateActions(ctx)
 
+    async def decide_then_ack(ack: Any, work: Any, decided: asyncio.Event) -> None:
+        # A decision is acknowledged once it is durable in Redis (one script, ~1 ms), so a
+        # web process dying right after Slack showed the click as received cannot lose it.
+        # Never later than ACK_BUDGET_SECONDS: Slack's limit is 3 s.
+        async with ctx.busy():
+            task = asyncio.ensure_future(work)
+            waiter = asyncio.ensure_future(decided.wait())
+            await asyncio.wait(
+                {task, waiter}, timeout=ACK_BUDGET_SECONDS, return_when=asyncio.FIRST_COMPLETED
+            )
+            waiter.cancel()
+            await ack()
+            await task
+
     @app.action(cards.APPROVE_ACTION)
     async def on_approve(ack: Any, body: dict[str, Any], respond: Any) -> None:
-        await ack()
-        async with ctx.busy():
-            await _guard(ctx, body, respond, actions.approve(body, respond))
+        decided = asyncio.Event()
+        work = _guard(ctx, body, respond, actions.approve(body, respond, decided))
+        await decide_then_ack(ack, work, decided)
 
     @app.action(cards.DENY_ACTION)
     async def on_deny(ack: Any, body: dict[str, Any], respond: Any) -> None:
@@ -258,9 +281,9 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
 
     @app.view(cards.DENY_CALLBACK)
     async def on_deny_reason(ack: Any, body: dict[str, Any]) -> None:
-        await ack()
-        async with ctx.busy():
-            await _guard(ctx, body, None, actions.deny_submitted(body))
+        decided = asyncio.Event()
+        work = _guard(ctx, body, None, actions.deny_submitted(body, decided))
+        await decide_then_ack(ack, work, decided)
 
     # Registered last: Bolt tries listeners in order, so this only catches the rest.
     @app.action(re.compile(r".*"))

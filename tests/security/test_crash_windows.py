@@ -101,19 +101,6 @@ async def web_on_private_redis(
         server.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bot/actions.py acknowledges a click (ack(), so Slack shows it as received) before it "
-        "writes the decision. A web process that dies in between (deploy, OOM, SIGKILL) loses "
-        "an acknowledged decision, and nobody is told: the card still offers the buttons, the "
-        "gate expires later. FIELD_NOTES lists it among the peers' failures. The same holds "
-        "for /agent (ack, then start_run). Fix: decide first, ack after (the decision is one "
-        "Redis script, ~1 ms; bound it with a timeout well under 3 s and ack with an error if "
-        "it runs out), e.g. Bolt's process_before_response=True with the card update moved to "
-        "a tracked background task."
-    ),
-)
 async def test_an_acknowledged_click_survives_a_web_crash(
     web_on_private_redis: tuple[RedisServer, subprocess.Popen[bytes], str],
     fake_slack: FakeSlack,
