@@ -57,6 +57,7 @@ class ToolResult:
     ok: bool
     output: str = ""
     in_doubt: bool = False
+    skipped: str | None = None  # why an approved call never ran (e.g. its run was cancelled)
 
 
 # --------------------------------------------------------------------------- text helpers
@@ -183,6 +184,8 @@ def result_blocks(
         return []
     if result is None:
         return [_context("⚙️ Running…")]
+    if result.skipped:
+        return [_section(f"⏹️ *Never ran* — not executed: {escape(clip(result.skipped, 500))}")]
     if result.in_doubt:
         return [
             _section(

@@ -18,7 +18,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from agent_core.models import Event, EventType
+from agent_core.models import Event, EventType, GateStatus
 
 from . import cards
 from .ports import GatewayLike
@@ -133,6 +133,23 @@ class Notifier:
             text = cards.run_cancelled_message(data.get("by"), data.get("reason"))
             await self.publisher.post_in_thread(event.run_id, origin, "cancelled", [text])
             await self.publisher.show_run(event.run_id)
+            await self._approved_but_never_run(event.run_id)
+
+    async def _approved_but_never_run(self, run_id: str) -> None:
+        """Approved calls of a cancelled run that never executed: their cards say so
+        instead of "Running…" forever."""
+        for gate in await self.gateway.gates(run_id):
+            if gate.status is not GateStatus.APPROVED:
+                continue
+            rec = await self.store.card(gate.gate_id)
+            if rec.result is None:
+                await self.store.set_result(
+                    gate.gate_id,
+                    cards.ToolResult(
+                        ok=False, skipped="the run was cancelled before this call ran"
+                    ),
+                )
+                await self.publisher.show_gate(gate.gate_id)
 
     async def _tool_executed(
         self, run_id: str, data: dict[str, Any], origin: dict[str, Any]

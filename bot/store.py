@@ -69,6 +69,7 @@ class Store:
                 ok=h["result_ok"] == "1",
                 output=h.get("result_output", ""),
                 in_doubt=h.get("result_in_doubt") == "1",
+                skipped=h.get("result_skipped") or None,
             )
         return CardRecord(h.get("channel"), h.get("ts"), h.get("digest"), result)
 
@@ -85,6 +86,7 @@ class Store:
                 "result_ok": "1" if result.ok else "0",
                 "result_output": result.output,
                 "result_in_doubt": "1" if result.in_doubt else "0",
+                "result_skipped": result.skipped or "",
             },
         )
 

@@ -132,18 +132,6 @@ async def test_an_acknowledged_click_survives_a_web_crash(
 
 
 # --------------------------------------------------------------------------- 2. approved, cancelled
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "A run with two gated calls in one turn: one approved, then the run cancelled before "
-        "the other is decided. The approved call never runs (correct), but its card says "
-        "'Approved … ⚙️ Running…' forever: nothing ever publishes an outcome for an approved "
-        "call of a cancelled run (DESIGN invariant 7: the card tells the outcome on every "
-        "path). Fix: on run.cancelled, the notifier re-renders every gate of the run, and "
-        "cards.result_blocks shows 'not executed: the run was cancelled' for an approved gate "
-        "whose run is cancelled without a tool.executed result."
-    ),
-)
 async def test_an_approved_call_of_a_cancelled_run_does_not_show_running(
     live: BotHarness, fake_openai: FakeOpenAI, journal: Path
 ) -> None:
