@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import html
 import logging
 import re
@@ -20,6 +21,7 @@ from .publisher import slack_error
 log = logging.getLogger(__name__)
 
 MAX_TASK_CHARS = 2000
+ACK_BUDGET_SECONDS = 2.0
 _CANCEL = re.compile(r"^cancel\s+(\S+)\s*$", re.IGNORECASE)
 
 
@@ -50,7 +52,19 @@ class Commands:
             )
         return None
 
-    async def handle(self, body: dict[str, Any], respond: Any) -> None:
+    async def handle(
+        self, body: dict[str, Any], respond: Any, started: asyncio.Event | None = None
+    ) -> None:
+        """Run the command; ``started`` is set once a new run is durable in Redis."""
+        try:
+            await self._handle(body, respond, started)
+        finally:
+            if started is not None:
+                started.set()
+
+    async def _handle(
+        self, body: dict[str, Any], respond: Any, started: asyncio.Event | None
+    ) -> None:
         text = str(body.get("text") or "").strip()
         user_id = str(body.get("user_id") or "")
         if not user_id:
@@ -62,9 +76,16 @@ class Commands:
         if m:
             await self.cancel(user_id, m.group(1), respond)
             return
-        await self.start(body, user_id, parse_task(text), respond)
+        await self.start(body, user_id, parse_task(text), respond, started)
 
-    async def start(self, body: dict[str, Any], user_id: str, task: str, respond: Any) -> None:
+    async def start(
+        self,
+        body: dict[str, Any],
+        user_id: str,
+        task: str,
+        respond: Any,
+        started: asyncio.Event | None = None,
+    ) -> None:
         ctx = self.ctx
         # A replayed request (same signed body, within Bolt's 5-minute window) carries the
         # same trigger_id: start one run, not two.
@@ -111,6 +132,8 @@ class Commands:
                 "The agent backend is unavailable, so the task was not started. Try again shortly.",
             )
             return
+        if started is not None:
+            started.set()
         await ctx.store.save_run_root(run.run_id, channel, ts)
         try:
             await ctx.publisher.show_run(run.run_id)
@@ -186,12 +209,25 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         if reply is not None:
             await ack(text=reply, response_type="ephemeral")
             return
-        await ack()
-        async with ctx.busy():
+        started = asyncio.Event()
+
+        async def work() -> None:
             try:
-                await commands.handle(body, respond)
+                await commands.handle(body, respond, started)
             except (RedisError, OSError) as exc:
                 log.error("handling %s failed: %s", ctx.settings.slash_command, type(exc).__name__)
                 await _reply(
                     respond, "The agent backend is unavailable right now. Try again shortly."
                 )
+
+        # Acknowledged once the run is in Redis (the soak lost an acknowledged command to a
+        # web crash when the ack came first), never later than ACK_BUDGET_SECONDS.
+        async with ctx.busy():
+            task = asyncio.ensure_future(work())
+            waiter = asyncio.ensure_future(started.wait())
+            await asyncio.wait(
+                {task, waiter}, timeout=ACK_BUDGET_SECONDS, return_when=asyncio.FIRST_COMPLETED
+            )
+            waiter.cancel()
+            await ack()
+            await task
