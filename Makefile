@@ -74,7 +74,7 @@ bench: install redis-check $(BENCH_STAMP)
 # SIGKILLed. SOAK_SECONDS=600 by default; SOAK_SEED=N replays a seed's choices.
 SOAK_SECONDS ?= 600
 soak: install redis-check
-	SOAK_SECONDS=$(SOAK_SECONDS) $(VPY) -m pytest -q -s -p no:cacheprovider tests/soak $(PYTEST_ARGS)
+	SOAK_SECONDS=$(SOAK_SECONDS) $(VPY) -m pytest -q -s -p no:cacheprovider tests/soak/test_chaos.py $(PYTEST_ARGS)
 
 # ------------------------------------------------------------------------ run
 # Starts web + worker with honcho. Without REDIS_URL, starts (or reuses) a local append-only
