@@ -307,7 +307,6 @@ class Config:
     warmup: int = 40
     seed: int = 1
     profile: bool = False
-    whatif: str = ""
     label: str = "as shipped"
     out: Path = HERE / "SLACK_RESULTS.md"
 
@@ -343,6 +342,7 @@ class Results:
     notes: list[str] = field(default_factory=list)
     elapsed: float = 0.0
     bolt_floor: dict[str, tuple[float, float]] = field(default_factory=dict)
+    code: str = ""  # the commit measured
 
 
 def click_body(client: SlackClient, slack_url: str, gate: Gate, user: str, n: int) -> bytes:
@@ -532,7 +532,7 @@ def _short(frame: str) -> str:
 
 
 async def bench(cfg: Config, workdir: Path) -> Results:
-    res = Results(cfg)
+    res = Results(cfg, code=code_version())
     rng = random.Random(cfg.seed)
     started = time.monotonic()
     total_commands = sum(cfg.command_bursts)
@@ -545,8 +545,6 @@ async def bench(cfg: Config, workdir: Path) -> Results:
         loader: Loader | None = None
         try:
             env = base_env(redis_server.url, fakes, journal)
-            if cfg.whatif:
-                env["SLACK_BENCH_WHATIF"] = cfg.whatif
             for i in range(cfg.workers):
                 procs.append(
                     Proc(
@@ -918,6 +916,18 @@ async def wait_healthy(url: str, web: Proc, timeout: float = 30) -> None:
 
 
 # --------------------------------------------------------------------------- report
+def code_version() -> str:
+    """The commit of the code under test, and whether agent_core/ or bot/ differ from it."""
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False)
+        return out.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--", "agent_core", "bot")
+    return commit + (" with uncommitted changes in agent_core/ or bot/" if dirty else "")
+
+
 def machine() -> str:
     cpu = "unknown CPU"
     with contextlib.suppress(OSError):
@@ -1113,7 +1123,7 @@ def write_markdown(runs: list[Results], command: str, out: Path, analysis: str) 
         f"Produced by `{command}` on {datetime.date.today().isoformat()}, "
         f"in {minutes:.1f} minutes (seed {cfg.seed}).",
         "",
-        f"**Machine:** {machine()}.",
+        f"**Code:** commit {runs[0].code}. **Machine:** {machine()}.",
         "",
         "**Set-up:** one private `redis-server` (no persistence), one `web` process "
         f"(`python -m bot`, HTTP mode) and {cfg.workers} `worker` process(es) "
@@ -1175,13 +1185,6 @@ def print_report(res: Results) -> None:
 ANALYSIS_FILE = HERE / "slack_analysis.md"
 
 
-WHATIFS = {
-    "blocking-pool": "what-if: Redis clients on a BlockingConnectionPool (50 connections)",
-    "slack-session": "what-if: one keep-alive aiohttp session for the Slack Web API client",
-    "blocking-pool,slack-session": "what-if: both fixes (BlockingConnectionPool + Slack session)",
-}
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small counts (a smoke run)")
@@ -1198,13 +1201,6 @@ def main(argv: list[str] | None = None) -> int:
         help="lower paced rates (clicks/s, comma-separated; '' for none), 1,000 clicks each",
     )
     p.add_argument("--profile", action="store_true", help="sample web/worker with py-spy")
-    p.add_argument(
-        "--whatif",
-        choices=sorted(WHATIFS),
-        action="append",
-        default=[],
-        help="also run with this fix applied by the bench (after the run as shipped)",
-    )
     p.add_argument(
         "--out",
         type=Path,
@@ -1234,10 +1230,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.bursts, cfg.command_bursts = (), ()
     if cfg.workers != 1:
         cfg.label += f", {cfg.workers} workers"
-    configs = [cfg] + [
-        dataclasses.replace(cfg, whatif=w, label=WHATIFS[w] + cfg.label.removeprefix("as shipped"))
-        for w in args.whatif
-    ]
+    configs = [cfg]
     skip = (args.quick or args.profile or args.no_bursts) and args.render is None
     out = args.out or (None if skip else cfg.out)
     if args.render is not None:
@@ -1254,9 +1247,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"logs kept in {workdir}")
                 else:
                     shutil.rmtree(workdir, ignore_errors=True)
-        command = ".venv/bin/python -m tests.bench.slack_latency " + " ".join(
-            argv if argv is not None else sys.argv[1:]
-        )
+        shown = list(argv if argv is not None else sys.argv[1:])
+        if "--save-raw" in shown:  # where the raw data went is not part of the recipe
+            i = shown.index("--save-raw")
+            del shown[i : i + 2]
+        command = " ".join([".venv/bin/python -m tests.bench.slack_latency", *shown])
         if args.save_raw is not None:
             save_raw(runs, command.strip(), args.save_raw)
     for res in runs:
@@ -1284,7 +1279,8 @@ def load_raw(path: Path) -> tuple[list[Results], str]:
     data = json.loads(path.read_text())
     runs = []
     for r in data["runs"]:
-        cfg = Config(**{k: v for k, v in r.pop("config").items()})
+        known = {f.name for f in dataclasses.fields(Config)}
+        cfg = Config(**{k: v for k, v in r.pop("config").items() if k in known})
         cfg.out = Path(cfg.out)
         cfg.bursts, cfg.command_bursts = tuple(cfg.bursts), tuple(cfg.command_bursts)
         cfg.sweep = tuple(cfg.sweep)
@@ -1292,7 +1288,8 @@ def load_raw(path: Path) -> tuple[list[Results], str]:
         r["checks"] = [tuple(c) for c in r["checks"]]
         r["started"] = {n: tuple(v) for n, v in r["started"].items()}
         r["bolt_floor"] = {n: tuple(v) for n, v in r["bolt_floor"].items()}
-        runs.append(Results(config=cfg, **r))
+        fields = {f.name for f in dataclasses.fields(Results)}
+        runs.append(Results(config=cfg, **{k: v for k, v in r.items() if k in fields}))
     return runs, str(data["command"])
 
 

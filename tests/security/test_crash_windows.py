@@ -166,6 +166,33 @@ async def test_an_approved_call_of_a_cancelled_run_does_not_show_running(
     assert "not executed" in card
 
 
+# --------------------------------------------------------------------------- 2b. /agent, then crash
+# Fixed in 09da2b7 (ack once the run is in Redis): a crash before start_run used to leave an
+# acknowledged command with no run and a root message stuck at "⏳ starting…".
+async def test_an_acknowledged_slash_command_survives_a_crash(
+    bot: BotHarness, redis: Redis
+) -> None:
+    task = "start me even if web dies"
+    await redis.execute_command("CLIENT", "PAUSE", "3000", "WRITE")
+    try:
+        sent = asyncio.ensure_future(
+            bot.client.command(task, user_id=REQUESTER, channel_id=CHANNEL)
+        )
+        done, _ = await asyncio.wait({sent}, timeout=1.0)
+        await asyncio.sleep(0.2)
+        # The process dies: its handler stops wherever it was.
+        for t in list(bot.server.context.inflight):
+            t.cancel()
+    finally:
+        await redis.execute_command("CLIENT", "UNPAUSE")
+    acknowledged = bool(done) and not sent.exception() and sent.result().status == 200
+    if not done:
+        sent.cancel()
+    await asyncio.sleep(0.2)
+    runs = [r for r in await bot.gateway.runs_for_user(REQUESTER) if r.task == task]
+    assert not acknowledged or runs, "acknowledged (HTTP 200), yet no run was started"
+
+
 # --------------------------------------------------------------------------- 3. post, then crash
 @pytest.fixture
 async def publisher_only(
