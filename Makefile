@@ -63,12 +63,14 @@ format: install
 # BENCH_ARGS="--quick" for a smoke run, "--only pause" (or throughput, memory) for one part.
 BENCH_STAMP := $(VENV)/.bench-installed
 BENCH_ARGS  ?=
+SLACK_BENCH_ARGS ?=
 $(BENCH_STAMP): pyproject.toml | $(STAMP)
 	$(VPY) -m pip install -q -e '.[dev,bench]'
 	@touch $@
 
 bench: install redis-check $(BENCH_STAMP)
 	$(VPY) -m tests.bench $(BENCH_ARGS)
+	$(VPY) -m tests.bench.slack_latency $(SLACK_BENCH_ARGS)
 
 # The chaos soak (tests/soak): runs under random decisions while web, workers and Redis are
 # SIGKILLed. SOAK_SECONDS=600 by default; SOAK_SEED=N replays a seed's choices.
