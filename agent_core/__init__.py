@@ -4,10 +4,12 @@ from .agent import Agent
 from .connections import create_redis
 from .events import EventConsumer
 from .exceptions import (
+    ArgsHashMismatch,
     ConfigError,
     GateNotFound,
     GatewayError,
     InvalidState,
+    LeaseLost,
     NotFound,
     RunNotFound,
     ToolArgumentsError,
@@ -22,6 +24,7 @@ from .tools import Tool, tool
 
 __all__ = [
     "Agent",
+    "ArgsHashMismatch",
     "ConfigError",
     "DecideResult",
     "Decision",
@@ -35,6 +38,7 @@ __all__ = [
     "GatewayError",
     "InvalidState",
     "Keys",
+    "LeaseLost",
     "NotFound",
     "Run",
     "RunNotFound",

@@ -8,6 +8,8 @@
     │   ├── RunNotFound      no run with that id
     │   └── GateNotFound     no gate with that id (also malformed ids)
     ├── InvalidState         the run cannot do that now (e.g. cancel a finished run)
+    │   └── ArgsHashMismatch the decider saw other arguments than the gate's: nothing decided
+    ├── LeaseLost            this worker no longer holds the run's lease: it wrote nothing
     └── ToolError
         ├── ToolDefinitionError   a tool that cannot be described to the model
         └── ToolArgumentsError    the model's arguments are not valid JSON or fail validation
@@ -38,6 +40,14 @@ class GateNotFound(NotFound):
 
 class InvalidState(GatewayError):
     """The run or gate is not in a state that allows the operation."""
+
+
+class ArgsHashMismatch(InvalidState):
+    """A decision named an arguments hash that is not the gate's; nothing was decided."""
+
+
+class LeaseLost(GatewayError):
+    """The worker's lease on a run ran out or was taken over; it must stop advancing it."""
 
 
 class ToolError(GatewayError):

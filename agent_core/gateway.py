@@ -15,8 +15,9 @@ from typing import Any
 from redis.asyncio import Redis
 
 from . import scripts
+from .completions import clean_text
 from .events import EventConsumer
-from .exceptions import GateNotFound, InvalidState, RunNotFound
+from .exceptions import ArgsHashMismatch, GateNotFound, InvalidState, RunNotFound
 from .keys import Keys
 from .models import DecideResult, Decision, Gate, GateStatus, Run
 
@@ -67,13 +68,15 @@ class Gateway:
         self.events_maxlen = events_maxlen
         self._decide = redis.register_script(scripts.DECIDE_GATE)
         self._cancel = redis.register_script(scripts.CANCEL_RUN)
+        self._repair = redis.register_script(scripts.REPAIR_RUN)
+        self._check_cursor = 0
 
     # --- runs -------------------------------------------------------------------------
     async def start_run(
         self, task: str, requested_by: str, origin: dict[str, Any] | None = None
     ) -> Run:
         """Queue a new run of the agent on ``task``; a worker picks it up."""
-        task = task.strip()
+        task = clean_text(task).strip()
         if not task:
             raise ValueError("the task is empty")
         if len(task) > MAX_TASK_CHARS:
@@ -100,6 +103,7 @@ class Gateway:
             pipe.hset(k.run(run_id), mapping=fields)
             pipe.rpush(k.history(run_id), json.dumps({"role": "user", "content": task}))
             pipe.zadd(k.user_runs(requested_by), {run_id: now})
+            pipe.zadd(k.active(), {run_id: now})
             pipe.xadd(k.jobs(), {"type": "start", "run_id": run_id})
             await pipe.execute()
         return Run.from_hash({k2: str(v) for k2, v in fields.items()})
@@ -132,16 +136,28 @@ class Gateway:
             raise RunNotFound(f"no run {run_id!r}")
         k = self.keys
         for _ in range(10):
-            gate_ids = sorted(await self.redis.smembers(k.run_gates(run_id)))
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.smembers(k.run_gates(run_id))
+                pipe.hget(k.run(run_id), "turn")
+                members, turn = await pipe.execute()
+            gate_ids = sorted(members)
+            turn = turn or "0"
             res = await self._cancel(
-                keys=[k.run(run_id), k.deadlines(), k.events(), k.run_gates(run_id), k.finished()]
-                + [k.gate(g) for g in gate_ids],
+                keys=[
+                    k.run(run_id),
+                    k.deadlines(),
+                    k.events(),
+                    k.run_gates(run_id),
+                    k.finished(),
+                    k.active(),
+                    k.turn(run_id, int(turn)),
+                    *(k.gate(g) for g in gate_ids),
+                ],
                 args=[
                     by,
-                    (reason or "")[:MAX_REASON_CHARS],
-                    self.events_maxlen,
+                    clean_text(reason or "")[:MAX_REASON_CHARS],
                     run_id,
-                    "",
+                    turn,
                     *gate_ids,
                 ],
             )
@@ -184,26 +200,35 @@ class Gateway:
         decision: Decision | str,
         by: str,
         reason: str | None = None,
+        *,
+        args_hash: str | None = None,
     ) -> DecideResult:
         """Approve or deny a pending gate, atomically and exactly once.
 
         The first decision wins; every later one (a double click, a second approver, a click
         racing the expiry) gets ``applied=False`` and the gate as the first decision left it.
         A decision arriving after the deadline turns the gate ``expired``.
+
+        ``args_hash`` is the arguments hash the decider was shown (a Slack card carries it in
+        its buttons). When given, it must be the gate's, or :class:`ArgsHashMismatch` is
+        raised and nothing is decided. The gate records it as ``decided_hash``, and an
+        approved call runs only if its arguments hash to it.
         """
         decision = Decision(decision)
         if not by:
             raise ValueError("by is required")
-        return await self._apply(gate_id, decision.status.value, by, reason)
+        return await self._apply(gate_id, decision.status.value, by, reason, args_hash or "")
 
     async def expire(self, gate_id: str) -> DecideResult | None:
         """Expire a gate whose deadline has passed (the sweeper's path); None if not due."""
         try:
-            return await self._apply(gate_id, GateStatus.EXPIRED.value, "", None)
+            return await self._apply(gate_id, GateStatus.EXPIRED.value, "", None, "")
         except InvalidState:
             return None
 
-    async def _apply(self, gate_id: str, status: str, by: str, reason: str | None) -> DecideResult:
+    async def _apply(
+        self, gate_id: str, status: str, by: str, reason: str | None, seen_hash: str
+    ) -> DecideResult:
         if not valid_gate_id(gate_id):
             raise GateNotFound(f"no gate {gate_id[:40]!r}")
         k = self.keys
@@ -216,13 +241,19 @@ class Gateway:
                 gate_id,
                 status,
                 by,
-                (reason or "")[:MAX_REASON_CHARS],
-                self.events_maxlen,
+                clean_text(reason or "")[:MAX_REASON_CHARS],
+                "",
                 run_id,
+                seen_hash,
             ],
         )
         if res[0] == "missing":
             raise GateNotFound(f"no gate {gate_id!r}")
+        if res[0] == "mismatch":
+            raise ArgsHashMismatch(
+                f"gate {gate_id}: the arguments hash {seen_hash[:12]!r} is not this request's; "
+                "nothing was decided"
+            )
         if res[0] == "not_due":
             raise InvalidState(f"gate {gate_id} is not due yet")
         return DecideResult(applied=res[0] == "applied", gate=Gate.from_hash(pairs(res[1])))
@@ -258,15 +289,64 @@ class Gateway:
         async with self.redis.pipeline(transaction=False) as pipe:
             for i, run_id in enumerate(run_ids):
                 (turn, requested_by), gate_ids = replies[2 * i], replies[2 * i + 1]
-                doomed = [k.run(run_id), k.history(run_id), k.run_gates(run_id), k.lock(run_id)]
+                doomed = [k.run(run_id), k.history(run_id), k.run_gates(run_id)]
                 doomed += [k.turn(run_id, n) for n in range(1, int(turn or 0) + 1)]
                 doomed += [k.gate(g) for g in gate_ids]
                 pipe.unlink(*doomed)
                 if requested_by:
                     pipe.zrem(k.user_runs(requested_by), run_id)
                 pipe.zrem(k.finished(), run_id)
+                pipe.zrem(k.active(), run_id)
             await pipe.execute()
         return len(run_ids)
+
+    async def repair_stuck(self, stuck_after: float, limit: int = 200) -> list[str]:
+        """Find runs that nothing will move on and repair them; the ids repaired.
+
+        A run is stuck when it is not finished, no worker holds its lease, it made no
+        progress for ``stuck_after`` seconds, and it waits for approval with no pending gate
+        or has no job. It gets its pending count recounted and a resume job (an extra job is
+        harmless). Several workers may check at once: a repaired run counts as progress.
+        """
+        k = self.keys
+        start = self._check_cursor
+        run_ids = await self.redis.zrange(k.active(), start, start + limit - 1)
+        # Walk the whole set across calls, `limit` runs at a time.
+        self._check_cursor = 0 if len(run_ids) < limit else start + limit
+        if not run_ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.time()
+            for run_id in run_ids:
+                pipe.hmget(k.run(run_id), ["status", "updated_at", "lease_until"])
+            sec_usec, *rows = await pipe.execute()
+        now = sec_usec[0] + sec_usec[1] / 1e6
+        suspects = [
+            run_id
+            for run_id, (status, updated, lease) in zip(run_ids, rows, strict=True)
+            if status is None
+            or status in ("completed", "failed", "cancelled")
+            or (float(lease or 0) <= now and float(updated or 0) <= now - stuck_after)
+        ]
+        repaired: list[str] = []
+        for run_id in suspects:
+            for _ in range(3):
+                gate_ids = sorted(await self.redis.smembers(k.run_gates(run_id)))
+                res = await self._repair(
+                    keys=[
+                        k.run(run_id),
+                        k.jobs(),
+                        k.run_gates(run_id),
+                        k.active(),
+                        *(k.gate(g) for g in gate_ids),
+                    ],
+                    args=[stuck_after, run_id, *gate_ids],
+                )
+                if res != "retry":
+                    break
+            if res == "repaired":
+                repaired.append(run_id)
+        return repaired
 
     # --- events -----------------------------------------------------------------------
     def event_consumer(

@@ -36,9 +36,9 @@ class Keys:
         """Set: every gate id the run ever opened."""
         return f"{self._base}:run:{run_id}:gates"
 
-    def lock(self, run_id: str) -> str:
-        """String: the lease of the worker currently advancing the run."""
-        return f"{self._base}:run:{run_id}:lock"
+    def active(self) -> str:
+        """Sorted set: runs not finished yet, scored by start time (the stuck-run checker)."""
+        return f"{self._base}:active"
 
     def user_runs(self, user: str) -> str:
         """Sorted set: run ids started by a user, scored by start time."""

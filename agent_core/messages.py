@@ -64,3 +64,10 @@ def args_changed(tool: str) -> str:
         f"Not executed: the arguments of this call to {tool} no longer match what the approver "
         "saw (hash mismatch), so the approval was not applied."
     )
+
+
+def too_many_calls(n: int, limit: int) -> str:
+    return (
+        f"Error: this turn asked for {n} tool calls, more than the {limit} allowed in one turn "
+        f"(MAX_CALLS_PER_TURN). None of them ran. Make at most {limit} calls per turn."
+    )

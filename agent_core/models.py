@@ -119,6 +119,8 @@ class Gate(BaseModel):
     decided_at: float | None = None
     reason: str | None = None
     nested: bool = False
+    decided_hash: str | None = None  # the arguments hash the decider saw
+    closed_by_failure: bool = False  # cancelled because the run failed
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Gate:
@@ -142,6 +144,8 @@ class Gate(BaseModel):
             decided_at=_opt_float(h.get("decided_at")),
             reason=h.get("reason") or None,
             nested=h.get("nested") == "1",
+            decided_hash=h.get("decided_hash") or None,
+            closed_by_failure=h.get("closed_by_failure") == "1",
         )
 
 

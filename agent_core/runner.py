@@ -14,16 +14,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
+import string
 import time
 from typing import Any
 
 import openai
 from openai import AsyncOpenAI
-from openai.types.chat import ChatCompletion
 from redis.asyncio import Redis
 
 from . import messages, scripts
 from .agent import Agent
+from .completions import ModelResponseError, ToolCall, clean_text, parse_completion, parse_text_body
+from .exceptions import LeaseLost
 from .gateway import new_gate_id, pairs
 from .keys import Keys
 from .models import Gate, GateStatus
@@ -33,6 +36,7 @@ log = logging.getLogger(__name__)
 
 MAX_OUTPUT_CHARS = 100_000
 EVENT_OUTPUT_CHARS = 2_000
+_ID_ALPHABET = string.ascii_letters + string.digits
 
 
 def args_hash(args: dict[str, Any]) -> str:
@@ -41,12 +45,29 @@ def args_hash(args: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def new_call_id(taken: set[str]) -> str:
+    """A tool-call id every server accepts (9 characters of [A-Za-z0-9], Mistral's rule),
+    unique among ``taken``."""
+    while True:
+        cid = "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
+        if cid not in taken:
+            return cid
+
+
 def _now() -> str:
     return f"{time.time():.6f}"
 
 
+def _lost(reply: Any) -> bool:
+    return reply == "lost" or (isinstance(reply, list) and reply[:1] == ["lost"])
+
+
 class Runner:
-    """Runs turns of one agent against an OpenAI-compatible Chat Completions endpoint."""
+    """Runs turns of one agent against an OpenAI-compatible Chat Completions endpoint.
+
+    Every write goes through a script that checks the caller's fence (its lease on the run):
+    when the lease is lost, :class:`LeaseLost` is raised and nothing more is written.
+    """
 
     def __init__(
         self,
@@ -59,6 +80,7 @@ class Runner:
         approval_timeout: float,
         events_maxlen: int = 100_000,
         max_turns: int = 30,
+        max_calls_per_turn: int = 64,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -68,24 +90,33 @@ class Runner:
         self.approval_timeout = agent.approval_timeout or approval_timeout
         self.maxlen = events_maxlen
         self.max_turns = max_turns
+        self.max_calls_per_turn = max_calls_per_turn
         self._begin = redis.register_script(scripts.BEGIN_RUN)
         self._record = redis.register_script(scripts.RECORD_TURN)
         self._claim = redis.register_script(scripts.CLAIM_CALL)
+        self._complete = redis.register_script(scripts.COMPLETE_CALL)
+        self._settle_script = redis.register_script(scripts.SETTLE_CALL)
         self._open = redis.register_script(scripts.OPEN_GATES)
         self._finish = redis.register_script(scripts.FINISH_TURN)
         self._fail = redis.register_script(scripts.FAIL_RUN)
         self._tools_param = agent.openai_tools()
 
     # --- driving ----------------------------------------------------------------------
-    async def advance(self, run_id: str) -> None:
-        """Take the run as far as it goes without a human; return when paused or finished."""
+    async def advance(self, run_id: str, fence: str) -> None:
+        """Take the run as far as it goes without a human; return when paused or finished.
+
+        ``fence`` is the caller's lease on the run (see :mod:`agent_core.scripts`).
+        Raises :class:`LeaseLost` when the lease is no longer the caller's.
+        """
         k = self.keys
         began = await self._begin(
-            keys=[k.run(run_id), k.events()], args=[self.maxlen, self.agent.name, _now()]
+            keys=[k.run(run_id), k.events()], args=[fence, self.agent.name, _now()]
         )
         if began[0] == "":
             log.warning("job for unknown run %s ignored", run_id)
             return
+        if began[0] == "lost":
+            raise LeaseLost(run_id)
         if began[0] != "running":
             return
         run: dict[str, str] | None = pairs(began[1])
@@ -93,31 +124,52 @@ class Runner:
         while run is not None and run.get("status") == "running":
             phase, turn = run.get("phase"), int(run.get("turn") or 0)
             if phase == "model":
-                run = await self._model_turn(run, turn)
+                run = await self._model_turn(run, turn, fence)
             elif phase == "tools":
-                run = await self._tools_turn(run, turn)
+                run = await self._tools_turn(run, turn, fence)
             else:
                 return
 
-    async def fail(self, run_id: str, error: str) -> bool:
-        """Fail a run that has not finished, recording the error; True if it moved."""
+    async def fail(self, run_id: str, error: str, fence: str) -> bool:
+        """Fail a run that has not finished, closing its pending gates; True if it moved.
+
+        Only the holder of the run's lease can; :class:`LeaseLost` otherwise.
+        """
         k = self.keys
+        error = clean_text(error)
         origin = await self.redis.hget(k.run(run_id), "origin") or "{}"
         data = json.dumps({"run_id": run_id, "error": error, "origin": json.loads(origin)})
-        moved = await self._fail(
-            keys=[k.run(run_id), k.events(), k.finished()],
-            args=[error, self.maxlen, data, _now()],
-        )
-        return bool(moved)
+        for _ in range(10):
+            gate_ids = sorted(await self.redis.smembers(k.run_gates(run_id)))
+            res = await self._fail(
+                keys=[
+                    k.run(run_id),
+                    k.events(),
+                    k.finished(),
+                    k.deadlines(),
+                    k.run_gates(run_id),
+                    k.active(),
+                    *(k.gate(g) for g in gate_ids),
+                ],
+                args=[fence, error, data, _now(), run_id, *gate_ids],
+            )
+            if res == "lost":
+                raise LeaseLost(run_id)
+            if res != "retry":
+                return bool(res == "failed")
+        return False
 
     # --- phase: model -----------------------------------------------------------------
-    async def _model_turn(self, run: dict[str, str], turn: int) -> dict[str, str] | None:
+    async def _model_turn(
+        self, run: dict[str, str], turn: int, fence: str
+    ) -> dict[str, str] | None:
         run_id = run["run_id"]
         k = self.keys
         if turn >= self.max_turns:
             await self.fail(
                 run_id,
                 f"stopped after {turn} model turns (MAX_TURNS): the agent kept calling tools",
+                fence,
             )
             return None
         history = [json.loads(m) for m in await self.redis.lrange(k.history(run_id), 0, -1)]
@@ -130,26 +182,37 @@ class Runner:
         try:
             # Not chat.completions.create(): its parameter transform walks every message in
             # Python (~160 ms of event-loop time at 1,000 messages, measured); the history
-            # is already plain JSON. Same endpoint, retries and errors.
-            completion = await self.client.post(
-                "/chat/completions", body=request, cast_to=ChatCompletion
-            )
+            # is already plain JSON. Same endpoint, retries and errors. The body is read as
+            # plain JSON and checked here: a 200 is not always a completion.
+            body = await self.client.post("/chat/completions", body=request, cast_to=object)
+            if isinstance(body, str):
+                body = parse_text_body(body)
+            completion = parse_completion(body)
         except openai.APIError as exc:
             # The client already retried 429/5xx/connection errors with backoff.
             status = getattr(exc, "status_code", None)
             detail = f"HTTP {status}: " if status else ""
-            await self.fail(run_id, f"model API error ({type(exc).__name__}) {detail}{exc.message}")
+            await self.fail(
+                run_id, f"model API error ({type(exc).__name__}) {detail}{exc.message}", fence
+            )
             return None
-        if not completion.choices:
-            await self.fail(run_id, "model API error: the response had no choices")
+        except ModelResponseError as exc:
+            await self.fail(run_id, f"model API error: {exc}", fence)
             return None
-        msg = completion.choices[0].message
-        calls = list(msg.tool_calls or [])
-        assistant: dict[str, Any] = {"role": "assistant", "content": msg.content}
+        except ValueError as exc:  # a body labelled JSON that is not JSON
+            await self.fail(
+                run_id,
+                f"model API error: the model endpoint returned invalid JSON ({exc}); "
+                "check OPENAI_BASE_URL",
+                fence,
+            )
+            return None
+        calls = completion.tool_calls
+        assistant: dict[str, Any] = {"role": "assistant", "content": completion.content}
         fields: list[str] = []
         if calls:
-            assistant["tool_calls"], fields = self._plan_calls(run_id, turn + 1, calls)
-        final = msg.content or ""
+            assistant["tool_calls"], fields = self._plan_calls(turn + 1, calls)
+        final = completion.content or ""
         completed = json.dumps(
             {"run_id": run_id, "final": final, "origin": json.loads(run.get("origin") or "{}")}
         )
@@ -160,52 +223,63 @@ class Runner:
                 k.turn(run_id, turn + 1),
                 k.events(),
                 k.finished(),
+                k.active(),
             ],
             args=[
+                fence,
                 turn,
                 json.dumps(assistant),
                 "tools" if calls else "done",
                 final,
-                self.maxlen,
                 completed,
                 _now(),
                 *fields,
             ],
         )
+        if _lost(after):
+            raise LeaseLost(run_id)
         return pairs(after) if after else None
 
     def _plan_calls(
-        self, run_id: str, turn: int, calls: list[Any]
+        self, turn: int, calls: list[ToolCall]
     ) -> tuple[list[dict[str, Any]], list[str]]:
         """Validate each call and decide whether it needs a gate; the turn hash's fields."""
         wire: list[dict[str, Any]] = []
         fields: list[str] = []
         order: list[str] = []
+        taken = {c.id for c in calls if c.id}
         seen: set[str] = set()
-        for n, c in enumerate(calls):
-            fn = getattr(c, "function", None)
-            name = getattr(fn, "name", "") or ""
-            raw = getattr(fn, "arguments", "") or ""
-            cid = c.id or f"call_{turn}_{n}"
-            if cid in seen:  # some servers repeat ids; every call needs its own tool message
-                cid = f"{cid}_{n}"
+        too_many = len(calls) > self.max_calls_per_turn
+        for c in calls:
+            cid = c.id
+            if not cid or cid in seen:  # some servers omit or repeat ids
+                cid = new_call_id(taken | seen)
             seen.add(cid)
             order.append(cid)
             wire.append(
-                {"id": cid, "type": "function", "function": {"name": name, "arguments": raw}}
+                {
+                    "id": cid,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
             )
-            record: dict[str, Any] = {"id": cid, "name": name, "arguments": raw}
-            t = self.agent.get_tool(name)
+            record: dict[str, Any] = {"id": cid, "name": c.name, "arguments": c.arguments}
+            t = self.agent.get_tool(c.name)
             state, result = "ready", None
-            if t is None:
+            if too_many:
                 state = "done"
-                result = messages.unknown_tool(name, [x.name for x in self.agent.tools])  # type: ignore[union-attr]
+                result = messages.too_many_calls(len(calls), self.max_calls_per_turn)
+            elif t is None:
+                state = "done"
+                result = messages.unknown_tool(c.name, [x.name for x in self.agent.tools])  # type: ignore[union-attr]
             else:
                 try:
-                    args = t.validate(raw)
+                    args = t.validate(c.arguments)
                 except Exception as exc:
-                    state, result = "done", messages.invalid_arguments(name, str(exc))
+                    state, result = "done", messages.invalid_arguments(c.name, str(exc))
                 else:
+                    # The validated arguments (strict, defaults filled in) are what the rule
+                    # sees, what the card shows, what the hash covers and what the tool gets.
                     record["args"] = args
                     if self.agent.requires_approval(t, args):
                         state = "needs_gate"
@@ -217,7 +291,9 @@ class Runner:
         return wire, fields
 
     # --- phase: tools -----------------------------------------------------------------
-    async def _tools_turn(self, run: dict[str, str], turn: int) -> dict[str, str] | None:
+    async def _tools_turn(
+        self, run: dict[str, str], turn: int, fence: str
+    ) -> dict[str, str] | None:
         run_id = run["run_id"]
         k = self.keys
         th = await self.redis.hgetall(k.turn(run_id, turn))
@@ -228,29 +304,37 @@ class Runner:
             call = json.loads(th[f"call:{cid}"])
             state = th.get(f"state:{cid}")
             t = self.agent.get_tool(call["name"])
+            out: str | None
             if state == "done":
-                results[cid] = th.get(f"result:{cid}", "")
+                out = th.get(f"result:{cid}", "")
             elif state == "needs_gate":
                 to_gate.append(call)
+                continue
             elif t is None:  # the agent lost the tool between turns (redeploy)
-                results[cid] = await self._settle(
-                    run, turn, call, messages.unknown_tool(call["name"], [])
+                out = await self._settle(
+                    run, turn, call, messages.unknown_tool(call["name"], []), fence
                 )
             elif state == "ready":
-                results[cid] = await self._execute(run, turn, call, t, None)
+                out = await self._execute(run, turn, call, t, None, fence)
             elif state == "claimed":
-                results[cid] = await self._execute(run, turn, call, t, call.get("gate_id"))
+                out = await self._execute(run, turn, call, t, call.get("gate_id"), fence)
             elif state == "gated":
-                out = await self._apply_gate(run, turn, call, t)
-                if out is None:
+                gated = await self._apply_gate(run, turn, call, t, fence)
+                if gated is None:
                     return None  # still pending: the resume job comes with the decision
-                results[cid] = out
+                out = gated
+            else:
+                out = None
+            if out is None:
+                return None  # the run stopped (cancelled): nothing more starts
+            results[cid] = out
         if to_gate:
-            await self._open_gates(run, turn, to_gate)
+            await self._open_gates(run, turn, to_gate, fence)
             return None
         after = await self._finish(
             keys=[k.run(run_id), k.history(run_id)],
             args=[
+                fence,
                 turn,
                 _now(),
                 *(
@@ -259,35 +343,43 @@ class Runner:
                 ),
             ],
         )
+        if _lost(after):
+            raise LeaseLost(run_id)
         return pairs(after) if after else None
 
     async def _apply_gate(
-        self, run: dict[str, str], turn: int, call: dict[str, Any], t: Tool
+        self, run: dict[str, str], turn: int, call: dict[str, Any], t: Tool, fence: str
     ) -> str | None:
         h = await self.redis.hgetall(self.keys.gate(call["gate_id"]))
         gate = Gate.from_hash(h)
         if gate.status is GateStatus.PENDING:
             return None
         if gate.status is GateStatus.APPROVED:
-            if gate.args_hash != args_hash(call["args"]):
-                return await self._settle(run, turn, call, messages.args_changed(t.name))
-            return await self._execute(run, turn, call, t, gate.gate_id)
+            # The call runs only with the arguments whose hash the approver saw.
+            seen = gate.decided_hash or gate.args_hash
+            if seen != args_hash(call["args"]):
+                return await self._settle(run, turn, call, messages.args_changed(t.name), fence)
+            return await self._execute(run, turn, call, t, gate.gate_id, fence)
         if gate.status is GateStatus.DENIED:
             text = messages.denied(t.name, gate.decided_by or "someone", gate.reason)
         elif gate.status is GateStatus.EXPIRED:
             text = messages.expired(t.name, gate.timeout)
         else:
             text = messages.cancelled(t.name, gate.decided_by or "")
-        return await self._settle(run, turn, call, text)
+        return await self._settle(run, turn, call, text, fence)
 
-    async def _settle(self, run: dict[str, str], turn: int, call: dict[str, Any], text: str) -> str:
-        """Record the result of a call that did not run."""
-        cid = call["id"]
-        await self.redis.hset(
-            self.keys.turn(run["run_id"], turn),
-            mapping={f"state:{cid}": "done", f"result:{cid}": text},
+    async def _settle(
+        self, run: dict[str, str], turn: int, call: dict[str, Any], text: str, fence: str
+    ) -> str | None:
+        """Record the result of a call that did not run; None when the run stopped."""
+        run_id = run["run_id"]
+        res = await self._settle_script(
+            keys=[self.keys.run(run_id), self.keys.turn(run_id, turn)],
+            args=[fence, turn, call["id"], clean_text(text)],
         )
-        return text
+        if res == "lost":
+            raise LeaseLost(run_id)
+        return text if res == "ok" else None
 
     async def _execute(
         self,
@@ -296,13 +388,26 @@ class Runner:
         call: dict[str, Any],
         t: Tool,
         gate_id: str | None,
-    ) -> str:
-        """Run a call at most once: claimed before it starts, done after it ends."""
+        fence: str,
+    ) -> str | None:
+        """Run a call at most once: claimed before it starts, done after it ends.
+
+        None when the run stopped (cancelled) before the call could start.
+        """
         run_id, cid = run["run_id"], call["id"]
         tkey = self.keys.turn(run_id, turn)
-        claim, previous = await self._claim(keys=[tkey], args=[cid, "1" if t.idempotent else "0"])
+        claim = await self._claim(
+            keys=[self.keys.run(run_id), tkey],
+            args=[fence, turn, cid, "1" if t.idempotent else "0"],
+        )
+        if claim[0] == "lost":
+            raise LeaseLost(run_id)
+        if claim[0] == "stopped":
+            log.info("run %s is %s: %s not started", run_id, claim[1], t.name)
+            return None
+        previous = claim[1]
         in_doubt = False
-        if claim == "ok":
+        if claim[0] == "ok":
             if previous == "claimed":
                 log.warning("run %s: re-running idempotent %s left in doubt", run_id, t.name)
             try:
@@ -312,10 +417,11 @@ class Runner:
                 log.info("run %s: tool %s raised %s", run_id, t.name, type(exc).__name__)
                 output, ok = messages.tool_raised(t.name, exc), False
         elif previous == "claimed":
-            # A worker claimed this call and died before reporting: never run it again.
+            # A worker claimed this call and stopped before reporting: never run it again.
             output, ok, in_doubt = messages.in_doubt(t.name), False, True
         else:
-            return await self.redis.hget(tkey, f"result:{cid}") or ""
+            return str(await self.redis.hget(tkey, f"result:{cid}") or "")
+        output = clean_text(output)
         if len(output) > MAX_OUTPUT_CHARS:
             output = (
                 output[:MAX_OUTPUT_CHARS] + f"\n[output truncated at {MAX_OUTPUT_CHARS} characters]"
@@ -330,25 +436,31 @@ class Runner:
             "output": output[:EVENT_OUTPUT_CHARS],
             "origin": json.loads(run.get("origin") or "{}"),
         }
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(tkey, mapping={f"state:{cid}": "done", f"result:{cid}": output})
-            pipe.xadd(
-                self.keys.events(),
-                {"type": "tool.executed", "run_id": run_id, "data": json.dumps(event)},
-                maxlen=self.maxlen,
-                approximate=True,
+        res = await self._complete(
+            keys=[self.keys.run(run_id), tkey, self.keys.events()],
+            args=[fence, cid, output, json.dumps(event)[:-1]],
+        )
+        if res == "lost":
+            log.warning(
+                "run %s: result of %s discarded: this worker lost the run's lease while the "
+                "call ran (the new owner reports it in doubt); ok=%s",
+                run_id,
+                t.name,
+                ok,
             )
-            await pipe.execute()
+            raise LeaseLost(run_id)
+        if res != "ok":
+            return str(await self.redis.hget(tkey, f"result:{cid}") or "")
         return output
 
     async def _open_gates(
-        self, run: dict[str, str], turn: int, calls: list[dict[str, Any]]
+        self, run: dict[str, str], turn: int, calls: list[dict[str, Any]], fence: str
     ) -> None:
         run_id = run["run_id"]
         k = self.keys
         origin = json.loads(run.get("origin") or "{}")
         timeout = self.approval_timeout
-        args: list[Any] = [turn, self.maxlen]
+        args: list[Any] = [fence, turn]
         gate_keys: list[str] = []
         for call in calls:
             t = self.agent.get_tool(call["name"])
@@ -389,7 +501,7 @@ class Runner:
             # The script appends created_at and deadline and closes the object.
             args += [gid, str(timeout), json.dumps(fields), json.dumps(event)[:-1]]
             gate_keys.append(k.gate(gid))
-        await self._open(
+        res = await self._open(
             keys=[
                 k.run(run_id),
                 k.turn(run_id, turn),
@@ -400,3 +512,9 @@ class Runner:
             ],
             args=args,
         )
+        if res == "lost":
+            raise LeaseLost(run_id)
+        if res == "stale":
+            log.warning(
+                "run %s: turn %s changed under this worker; gates not reopened", run_id, turn
+            )

@@ -3,18 +3,133 @@
 Each script names its KEYS and ARGV in a header comment. Every key arrives in KEYS (built by
 :mod:`agent_core.keys`); none is built inside Lua. Every script is safe to run twice (redis-py
 retries a command after a connection error): the second run finds the state already moved and
-changes nothing.
+changes nothing. Every script validates its inputs before its first write, so none can fail
+half-way through.
+
+Leases and fencing: a worker advances a run only while it holds the run's lease, kept in the
+run hash as ``fence`` (a counter bumped at every acquisition: the fencing token) and
+``lease_until`` (Redis clock). Every script that advances a run takes the worker's fence and
+checks, inside the script, that it is still the current one and that the lease has not run
+out. A worker that was paused past its lease (GC, VM pause, SIGSTOP, a blocked event loop)
+gets ``lost`` back and writes nothing.
+
+Events are appended without MAXLEN: the worker's trimmer removes them only once every
+consumer group has read them (see :mod:`agent_core.trimmer`).
 """
 
 from __future__ import annotations
+
+# Shared Lua helpers, prepended to the scripts that need them.
+# now(): the Redis clock in seconds. holds(run_key, fence): the caller's lease is current.
+_HELPERS = """
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function holds(run_key, fence)
+  return redis.call('HGET', run_key, 'fence') == fence
+    and tonumber(redis.call('HGET', run_key, 'lease_until') or '0') > now()
+end
+local function finished(st)
+  return st == 'completed' or st == 'failed' or st == 'cancelled'
+end
+-- HSET/RPUSH in slices: unpack() of thousands of values overflows Lua's C stack.
+local function hset_from(key, argv, first)
+  local i = first
+  while i <= #argv do
+    local last = math.min(i + 399, #argv)
+    redis.call('HSET', key, unpack(argv, i, last))
+    i = last + 1
+  end
+end
+local function rpush_from(key, argv, first)
+  local i = first
+  while i <= #argv do
+    local last = math.min(i + 399, #argv)
+    redis.call('RPUSH', key, unpack(argv, i, last))
+    i = last + 1
+  end
+end
+"""
+
+# Take the lease of a run.
+# KEYS[1] run hash
+# ARGV[1] lease in ms, ARGV[2] worker name (for people reading the run)
+# Returns {'ok', fence} | {'busy', seconds left on the holder's lease} | {'missing'}.
+ACQUIRE_LEASE = (
+    _HELPERS
+    + """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
+local n = now()
+local held = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0')
+if held > n then return {'busy', string.format('%.3f', held - n)} end
+local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
+redis.call('HSET', KEYS[1], 'lease_until', string.format('%.6f', n + tonumber(ARGV[1]) / 1000),
+  'lease_owner', ARGV[2])
+return {'ok', tostring(fence)}
+"""
+)
+
+# Extend the lease, only while it is still current (a lease that ran out is lost for good).
+# KEYS[1] run hash; ARGV[1] fence, ARGV[2] lease in ms. Returns 1 if renewed, 0 if lost.
+RENEW_LEASE = (
+    _HELPERS
+    + """
+if not holds(KEYS[1], ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'lease_until', string.format('%.6f', now() + tonumber(ARGV[2]) / 1000))
+return 1
+"""
+)
+
+# Give the lease back (only its holder can).
+# KEYS[1] run hash; ARGV[1] fence. Returns 1 if released.
+RELEASE_LEASE = """
+if redis.call('HGET', KEYS[1], 'fence') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'lease_until', '0')
+return 1
+"""
+
+# Finish a job: acknowledge it, delete it from the stream (one group reads jobs, so an
+# acknowledged job is never needed again) and release the run's lease. Only the lease
+# holder may: a worker that lost the lease leaves the job to the new owner.
+# KEYS[1] jobs stream, KEYS[2] run hash
+# ARGV[1] group, ARGV[2] message id, ARGV[3] fence
+# Returns 1 when done, 0 when the lease was lost (nothing written).
+FINISH_JOB = (
+    _HELPERS
+    + """
+if not holds(KEYS[2], ARGV[3]) then return 0 end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], 'lease_until', '0')
+return 1
+"""
+)
+
+# Put a job back at the end of the stream as a new entry (its run was busy): the old entry is
+# acknowledged and deleted, so waiting for a busy run never counts as a failed delivery.
+# KEYS[1] jobs stream
+# ARGV[1] group, ARGV[2] message id, ARGV[3..] field, value pairs of the job
+# Returns the new entry's id, or false when the entry is no longer pending (done elsewhere).
+REQUEUE_JOB = """
+if #ARGV < 4 or (#ARGV - 2) % 2 ~= 0 then return redis.error_reply('bad job fields') end
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if #p == 0 then return false end
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+return id
+"""
 
 # Move a gate out of `pending`, exactly once.
 # KEYS[1] gate hash, KEYS[2] run hash, KEYS[3] deadlines zset, KEYS[4] jobs stream,
 # KEYS[5] events stream
 # ARGV[1] gate id, ARGV[2] approved|denied|expired, ARGV[3] decided by, ARGV[4] reason,
-# ARGV[5] events MAXLEN, ARGV[6] run id (must match the gate's)
+# ARGV[5] unused, ARGV[6] run id (must match the gate's), ARGV[7] the arguments hash the
+# decider saw ('' when not given: the gate's own)
 # Returns {outcome, gate hash as a flat list}; outcome is applied | decided (someone else
-# was first) | missing | not_due (expiry asked too early); the last two carry no hash.
+# was first) | missing | not_due (expiry asked too early) | mismatch (ARGV[7] is not the
+# gate's hash: nothing decided); the last three carry no hash.
 # A person's decision that arrives after the deadline becomes `expired`: the card said so.
 DECIDE_GATE = """
 local st = redis.call('HGET', KEYS[1], 'status')
@@ -22,6 +137,8 @@ if not st or redis.call('HGET', KEYS[1], 'run_id') ~= ARGV[6] then return {'miss
 if st ~= 'pending' then
   return {'decided', redis.call('HGETALL', KEYS[1])}
 end
+local ahash = redis.call('HGET', KEYS[1], 'args_hash')
+if ARGV[7] ~= '' and ARGV[7] ~= ahash then return {'mismatch'} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local status, by, reason = ARGV[2], ARGV[3], ARGV[4]
@@ -36,8 +153,12 @@ elseif now >= deadline then
   reason = ''
 end
 local nowstr = string.format('%.6f', now)
+local seen = ''
+if status == 'approved' or status == 'denied' then
+  seen = ARGV[7] ~= '' and ARGV[7] or ahash
+end
 redis.call('HSET', KEYS[1], 'status', status, 'decided_by', by, 'reason', reason,
-  'decided_at', nowstr)
+  'decided_at', nowstr, 'decided_hash', seen)
 redis.call('ZREM', KEYS[3], ARGV[1])
 local g = redis.call('HMGET', KEYS[1], 'tool', 'turn', 'call_id')
 local origin = redis.call('HGET', KEYS[2], 'origin') or '{}'
@@ -46,137 +167,35 @@ local data = '{"gate_id":' .. cjson.encode(ARGV[1]) .. ',"run_id":' .. cjson.enc
   .. ',"status":' .. cjson.encode(status) .. ',"by":' .. cjson.encode(by)
   .. ',"reason":' .. cjson.encode(reason) .. ',"decided_at":' .. nowstr
   .. ',"origin":' .. origin .. '}'
-redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[5], '*', 'type', 'gate.decided',
-  'run_id', ARGV[6], 'data', data)
+redis.call('XADD', KEYS[5], '*', 'type', 'gate.decided', 'run_id', ARGV[6], 'data', data)
 local pending = redis.call('HINCRBY', KEYS[2], 'pending', -1)
-if pending <= 0 and redis.call('HGET', KEYS[2], 'status') == 'awaiting_approval' then
+local rs = redis.call('HGET', KEYS[2], 'status')
+-- An extra resume job is harmless (it finds nothing to do); a missing one hangs the run.
+if pending <= 0 and (rs == 'awaiting_approval' or rs == 'running') then
   redis.call('XADD', KEYS[4], '*', 'type', 'resume', 'run_id', ARGV[6], 'turn', g[2])
 end
 return {'applied', redis.call('HGETALL', KEYS[1])}
 """
 
-# Persist a model turn: the assistant message and its tool calls, or the final answer.
-# KEYS[1] run hash, KEYS[2] history list, KEYS[3] the new turn's hash, KEYS[4] events stream,
-# KEYS[5] finished-runs zset
-# ARGV[1] the run's current turn (guard), ARGV[2] assistant message JSON,
-# ARGV[3] 'tools' (calls follow) or 'done' (final answer), ARGV[4] final text,
-# ARGV[5] events MAXLEN, ARGV[6] run.completed event data JSON, ARGV[7] now,
-# ARGV[8..] field, value pairs for the turn hash
-# Returns the run hash (flat list), or 0 when the run is no longer running at that turn
-# (cancelled, or a replay).
-RECORD_TURN = """
-if redis.call('HGET', KEYS[1], 'status') ~= 'running'
-  or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[1]
-  or redis.call('HGET', KEYS[1], 'phase') ~= 'model' then
-  return 0
-end
-redis.call('RPUSH', KEYS[2], ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'turn', 1)
-redis.call('HSET', KEYS[1], 'updated_at', ARGV[7])
-if #ARGV > 7 then
-  redis.call('HSET', KEYS[3], unpack(ARGV, 8))
-end
-if ARGV[3] == 'done' then
-  redis.call('HSET', KEYS[1], 'status', 'completed', 'phase', 'done', 'final', ARGV[4])
-  local run_id = redis.call('HGET', KEYS[1], 'run_id')
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'type', 'run.completed',
-    'run_id', run_id, 'data', ARGV[6])
-  redis.call('ZADD', KEYS[5], ARGV[7], run_id)
-else
-  redis.call('HSET', KEYS[1], 'phase', 'tools')
-end
-return redis.call('HGETALL', KEYS[1])
-"""
-
-# Claim a tool call for execution (at most once unless the tool is idempotent).
-# KEYS[1] turn hash
-# ARGV[1] call id, ARGV[2] '1' when a `claimed` call may be claimed again (idempotent tool)
-# Returns {'ok'|'no', previous state}.
-CLAIM_CALL = """
-local field = 'state:' .. ARGV[1]
-local s = redis.call('HGET', KEYS[1], field)
-if s == 'ready' or s == 'gated' or (s == 'claimed' and ARGV[2] == '1') then
-  redis.call('HSET', KEYS[1], field, 'claimed')
-  return {'ok', s}
-end
-return {'no', s or ''}
-"""
-
-# Open the gates of a turn and pause the run. Deadlines are taken on the Redis clock, the
-# same clock DECIDE_GATE compares them with.
-# KEYS[1] run hash, KEYS[2] turn hash, KEYS[3] deadlines zset, KEYS[4] events stream,
-# KEYS[5] run gates set, KEYS[6..] one gate hash per gate, in ARGV order
-# ARGV[1] turn (guard), ARGV[2] events MAXLEN,
-# then per gate 4 values: gate id, timeout in seconds, gate fields (flat JSON object of
-# strings), gate.opened event data JSON without its closing brace (created_at and deadline
-# are appended here)
-# Returns 1, or 0 when the run is not running at that turn (cancelled, or a replay).
-OPEN_GATES = """
-if redis.call('HGET', KEYS[1], 'status') ~= 'running'
-  or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[1] then
-  return 0
-end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local nowstr = string.format('%.6f', now)
-local run_id = redis.call('HGET', KEYS[1], 'run_id')
-local n = (#ARGV - 2) / 4
-for i = 1, n do
-  local base = 2 + (i - 1) * 4
-  local gid = ARGV[base + 1]
-  local deadline = string.format('%.6f', now + tonumber(ARGV[base + 2]))
-  local fields = cjson.decode(ARGV[base + 3])
-  local flat = {'created_at', nowstr, 'deadline', deadline}
-  for k, v in pairs(fields) do
-    flat[#flat + 1] = k
-    flat[#flat + 1] = v
-  end
-  redis.call('HSET', KEYS[5 + i], unpack(flat))
-  redis.call('ZADD', KEYS[3], deadline, gid)
-  redis.call('SADD', KEYS[5], gid)
-  redis.call('HSET', KEYS[2], 'state:' .. fields['call_id'], 'gated', 'gate:' .. fields['call_id'], gid)
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'type', 'gate.opened',
-    'run_id', run_id, 'data',
-    ARGV[base + 4] .. ',"created_at":' .. nowstr .. ',"deadline":' .. deadline .. '}')
-end
-redis.call('HSET', KEYS[1], 'status', 'awaiting_approval', 'pending', n, 'updated_at', nowstr)
-return 1
-"""
-
-# Close a turn: append the tool messages in call order and hand back to the model.
-# KEYS[1] run hash, KEYS[2] history list
-# ARGV[1] turn (guard), ARGV[2] now, ARGV[3..] tool messages JSON
-# Returns the run hash (flat list), or 0 when the run is not running at that turn in
-# phase `tools`.
-FINISH_TURN = """
-if redis.call('HGET', KEYS[1], 'status') ~= 'running'
-  or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[1]
-  or redis.call('HGET', KEYS[1], 'phase') ~= 'tools' then
-  return 0
-end
-if #ARGV > 2 then
-  redis.call('RPUSH', KEYS[2], unpack(ARGV, 3))
-end
-redis.call('HSET', KEYS[1], 'phase', 'model', 'updated_at', ARGV[2])
-return redis.call('HGETALL', KEYS[1])
-"""
-
 # Take a run to `running` when a job for it starts.
 # KEYS[1] run hash, KEYS[2] events stream
-# ARGV[1] events MAXLEN, ARGV[2] agent name, ARGV[3] now
+# ARGV[1] fence, ARGV[2] agent name, ARGV[3] now
 # Returns {status after the call, run hash as a flat list}: running, awaiting_approval
-# (gates still pending) or the finished status; {''} when the run does not exist.
-BEGIN_RUN = """
+# (gates still pending) or the finished status; {''} when the run does not exist; {'lost'}
+# when the lease is no longer the caller's.
+BEGIN_RUN = (
+    _HELPERS
+    + """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {''} end
+if not holds(KEYS[1], ARGV[1]) then return {'lost'} end
 if st == 'queued' then
   redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[3])
   local r = redis.call('HMGET', KEYS[1], 'run_id', 'task', 'requested_by', 'origin')
   local data = '{"run_id":' .. cjson.encode(r[1]) .. ',"agent":' .. cjson.encode(ARGV[2])
     .. ',"task":' .. cjson.encode(r[2]) .. ',"requested_by":' .. cjson.encode(r[3])
     .. ',"origin":' .. (r[4] or '{}') .. '}'
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[1], '*', 'type', 'run.started',
-    'run_id', r[1], 'data', data)
+  redis.call('XADD', KEYS[2], '*', 'type', 'run.started', 'run_id', r[1], 'data', data)
   st = 'running'
 elseif st == 'awaiting_approval' then
   if tonumber(redis.call('HGET', KEYS[1], 'pending') or '0') > 0 then
@@ -187,66 +206,341 @@ elseif st == 'awaiting_approval' then
 end
 return {st, redis.call('HGETALL', KEYS[1])}
 """
+)
 
-# Fail a run that is not finished yet.
-# KEYS[1] run hash, KEYS[2] events stream, KEYS[3] finished-runs zset
-# ARGV[1] error text, ARGV[2] events MAXLEN, ARGV[3] run.failed event data JSON, ARGV[4] now
-# Returns 1 when the run moved to `failed`, 0 otherwise.
-FAIL_RUN = """
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st or st == 'completed' or st == 'failed' or st == 'cancelled' then return 0 end
-redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[1], 'phase', 'done',
-  'updated_at', ARGV[4])
-local run_id = redis.call('HGET', KEYS[1], 'run_id')
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'type', 'run.failed',
-  'run_id', run_id, 'data', ARGV[3])
-redis.call('ZADD', KEYS[3], ARGV[4], run_id)
-return 1
+# Persist a model turn: the assistant message and its tool calls, or the final answer.
+# KEYS[1] run hash, KEYS[2] history list, KEYS[3] the new turn's hash, KEYS[4] events stream,
+# KEYS[5] finished-runs zset, KEYS[6] active-runs zset
+# ARGV[1] fence, ARGV[2] the run's current turn (guard), ARGV[3] assistant message JSON,
+# ARGV[4] 'tools' (calls follow) or 'done' (final answer), ARGV[5] final text,
+# ARGV[6] run.completed event data JSON, ARGV[7] now,
+# ARGV[8..] field, value pairs for the turn hash
+# Returns the run hash (flat list); 0 when the run is no longer running at that turn
+# (cancelled, or a replay); 'lost' (a status reply) when the lease is not the caller's.
+RECORD_TURN = (
+    _HELPERS
+    + """
+if (#ARGV - 7) % 2 ~= 0 or (ARGV[4] ~= 'tools' and ARGV[4] ~= 'done') then
+  return redis.error_reply('RECORD_TURN: bad arguments')
+end
+if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
+if redis.call('HGET', KEYS[1], 'status') ~= 'running'
+  or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2]
+  or redis.call('HGET', KEYS[1], 'phase') ~= 'model' then
+  return 0
+end
+redis.call('RPUSH', KEYS[2], ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'turn', 1)
+redis.call('HSET', KEYS[1], 'updated_at', ARGV[7])
+hset_from(KEYS[3], ARGV, 8)
+if ARGV[4] == 'done' then
+  redis.call('HSET', KEYS[1], 'status', 'completed', 'phase', 'done', 'final', ARGV[5])
+  local run_id = redis.call('HGET', KEYS[1], 'run_id')
+  redis.call('XADD', KEYS[4], '*', 'type', 'run.completed', 'run_id', run_id, 'data', ARGV[6])
+  redis.call('ZADD', KEYS[5], ARGV[7], run_id)
+  redis.call('ZREM', KEYS[6], run_id)
+else
+  redis.call('HSET', KEYS[1], 'phase', 'tools')
+end
+return redis.call('HGETALL', KEYS[1])
 """
+)
 
-# Cancel a run and every pending gate it has.
+# Claim a tool call for execution (at most once unless the tool is idempotent). Nothing
+# starts once the run is cancelled: the claim checks the run's status in the same step.
+# KEYS[1] run hash, KEYS[2] turn hash
+# ARGV[1] fence, ARGV[2] turn (guard), ARGV[3] call id, ARGV[4] '1' when a `claimed` call
+# may be claimed again (idempotent tool)
+# Returns {'ok'|'no', previous state} | {'lost'} | {'stopped', run status}.
+CLAIM_CALL = (
+    _HELPERS
+    + """
+if not holds(KEYS[1], ARGV[1]) then return {'lost'} end
+local rs = redis.call('HGET', KEYS[1], 'status')
+if rs ~= 'running' or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2] then
+  return {'stopped', rs or ''}
+end
+local field = 'state:' .. ARGV[3]
+local s = redis.call('HGET', KEYS[2], field)
+if s == 'ready' or s == 'gated' or (s == 'claimed' and ARGV[4] == '1') then
+  redis.call('HSET', KEYS[2], field, 'claimed')
+  return {'ok', s}
+end
+return {'no', s or ''}
+"""
+)
+
+# Record the result of a claimed call and announce it. Allowed after a cancel (the call was
+# already running: its card says it finished after the cancel), never without the lease.
+# KEYS[1] run hash, KEYS[2] turn hash, KEYS[3] events stream
+# ARGV[1] fence, ARGV[2] call id, ARGV[3] result text,
+# ARGV[4] tool.executed event data JSON without its closing brace (after_cancel is appended)
+# Returns 'ok' | 'lost' | 'stale' (the call is not `claimed`: nothing written) as status
+# replies.
+COMPLETE_CALL = (
+    _HELPERS
+    + """
+if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
+if redis.call('HGET', KEYS[2], 'state:' .. ARGV[2]) ~= 'claimed' then return {ok = 'stale'} end
+local rs = redis.call('HGET', KEYS[1], 'status')
+redis.call('HSET', KEYS[2], 'state:' .. ARGV[2], 'done', 'result:' .. ARGV[2], ARGV[3])
+local after = (rs == 'cancelled') and 'true' or 'false'
+redis.call('XADD', KEYS[3], '*', 'type', 'tool.executed',
+  'run_id', redis.call('HGET', KEYS[1], 'run_id'),
+  'data', ARGV[4] .. ',"after_cancel":' .. after .. '}')
+return {ok = 'ok'}
+"""
+)
+
+# Record the result of a call that will not run (declined, expired, invalid, unknown tool).
+# KEYS[1] run hash, KEYS[2] turn hash
+# ARGV[1] fence, ARGV[2] turn (guard), ARGV[3] call id, ARGV[4] result text
+# Returns 'ok' | 'lost' | 'stopped' as status replies.
+SETTLE_CALL = (
+    _HELPERS
+    + """
+if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
+if redis.call('HGET', KEYS[1], 'status') ~= 'running'
+  or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2] then
+  return {ok = 'stopped'}
+end
+if redis.call('HGET', KEYS[2], 'state:' .. ARGV[3]) ~= 'done' then
+  redis.call('HSET', KEYS[2], 'state:' .. ARGV[3], 'done', 'result:' .. ARGV[3], ARGV[4])
+end
+return {ok = 'ok'}
+"""
+)
+
+# Open the gates of a turn and pause the run. Deadlines are taken on the Redis clock, the
+# same clock DECIDE_GATE compares them with. All or nothing: a gate that already exists or a
+# call that no longer needs one means the caller's view is stale, and nothing is written.
+# KEYS[1] run hash, KEYS[2] turn hash, KEYS[3] deadlines zset, KEYS[4] events stream,
+# KEYS[5] run gates set, KEYS[6..] one gate hash per gate, in ARGV order
+# ARGV[1] fence, ARGV[2] turn (guard),
+# then per gate 4 values: gate id, timeout in seconds, gate fields (flat JSON object of
+# strings), gate.opened event data JSON without its closing brace (created_at and deadline
+# are appended here)
+# Returns 'ok' | 'lost' | 'stopped' (not running at that turn) | 'stale' as status replies.
+OPEN_GATES = (
+    _HELPERS
+    + """
+local n = (#ARGV - 2) / 4
+if n < 1 or n ~= math.floor(n) or #KEYS ~= 5 + n then
+  return redis.error_reply('OPEN_GATES: bad arguments')
+end
+if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
+if redis.call('HGET', KEYS[1], 'status') ~= 'running'
+  or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2] then
+  return {ok = 'stopped'}
+end
+local all = {}
+for i = 1, n do
+  local base = 2 + (i - 1) * 4
+  local fields = cjson.decode(ARGV[base + 3])
+  if redis.call('EXISTS', KEYS[5 + i]) == 1
+    or redis.call('HGET', KEYS[2], 'state:' .. fields['call_id']) ~= 'needs_gate' then
+    return {ok = 'stale'}
+  end
+  all[i] = fields
+end
+local tnow = now()
+local nowstr = string.format('%.6f', tnow)
+local run_id = redis.call('HGET', KEYS[1], 'run_id')
+for i = 1, n do
+  local base = 2 + (i - 1) * 4
+  local gid = ARGV[base + 1]
+  local deadline = string.format('%.6f', tnow + tonumber(ARGV[base + 2]))
+  local fields = all[i]
+  local flat = {'created_at', nowstr, 'deadline', deadline}
+  for k, v in pairs(fields) do
+    flat[#flat + 1] = k
+    flat[#flat + 1] = v
+  end
+  redis.call('HSET', KEYS[5 + i], unpack(flat))
+  redis.call('ZADD', KEYS[3], deadline, gid)
+  redis.call('SADD', KEYS[5], gid)
+  redis.call('HSET', KEYS[2], 'state:' .. fields['call_id'], 'gated', 'gate:' .. fields['call_id'], gid)
+  redis.call('XADD', KEYS[4], '*', 'type', 'gate.opened', 'run_id', run_id, 'data',
+    ARGV[base + 4] .. ',"created_at":' .. nowstr .. ',"deadline":' .. deadline .. '}')
+end
+redis.call('HSET', KEYS[1], 'status', 'awaiting_approval', 'pending', n, 'updated_at', nowstr)
+return {ok = 'ok'}
+"""
+)
+
+# Close a turn: append the tool messages in call order and hand back to the model.
+# KEYS[1] run hash, KEYS[2] history list
+# ARGV[1] fence, ARGV[2] turn (guard), ARGV[3] now, ARGV[4..] tool messages JSON
+# Returns the run hash (flat list); 0 when the run is not running at that turn in phase
+# `tools`; 'lost' (status reply) when the lease is not the caller's.
+FINISH_TURN = (
+    _HELPERS
+    + """
+if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
+if redis.call('HGET', KEYS[1], 'status') ~= 'running'
+  or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2]
+  or redis.call('HGET', KEYS[1], 'phase') ~= 'tools' then
+  return 0
+end
+rpush_from(KEYS[2], ARGV, 4)
+redis.call('HSET', KEYS[1], 'phase', 'model', 'updated_at', ARGV[3])
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# Fail a run that is not finished yet, closing its pending gates (their cards say why).
+# Only the lease holder may fail a run.
+# KEYS[1] run hash, KEYS[2] events stream, KEYS[3] finished-runs zset, KEYS[4] deadlines
+# zset, KEYS[5] run gates set, KEYS[6] active-runs zset, KEYS[7..] every gate hash of the
+# run (the members of KEYS[5], in ARGV order)
+# ARGV[1] fence, ARGV[2] error text, ARGV[3] run.failed event data JSON, ARGV[4] now,
+# ARGV[5] run id, ARGV[6..] gate ids
+# Returns 'failed' | 'finished' (already finished) | 'lost' | 'retry' (a gate was opened
+# since the caller listed them: list again) | 'missing' as status replies.
+FAIL_RUN = (
+    _HELPERS
+    + """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return {ok = 'missing'} end
+if finished(st) then return {ok = 'finished'} end
+if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
+if redis.call('SCARD', KEYS[5]) ~= #KEYS - 6 then return {ok = 'retry'} end
+local nowstr = string.format('%.6f', now())
+local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
+local reason = 'the run failed: ' .. ARGV[2]
+for i = 7, #KEYS do
+  local gid = ARGV[i - 1]
+  if redis.call('HGET', KEYS[i], 'status') == 'pending' then
+    redis.call('HSET', KEYS[i], 'status', 'cancelled', 'decided_by', '', 'reason', reason,
+      'decided_at', nowstr, 'closed_by_failure', '1')
+    redis.call('ZREM', KEYS[4], gid)
+    local g = redis.call('HMGET', KEYS[i], 'tool', 'call_id')
+    local data = '{"gate_id":' .. cjson.encode(gid) .. ',"run_id":' .. cjson.encode(ARGV[5])
+      .. ',"call_id":' .. cjson.encode(g[2]) .. ',"tool":' .. cjson.encode(g[1])
+      .. ',"status":"cancelled","by":"","reason":' .. cjson.encode(reason)
+      .. ',"run_failed":true,"decided_at":' .. nowstr .. ',"origin":' .. origin .. '}'
+    redis.call('XADD', KEYS[2], '*', 'type', 'gate.decided', 'run_id', ARGV[5], 'data', data)
+  end
+end
+redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[2], 'phase', 'done',
+  'pending', 0, 'updated_at', ARGV[4])
+redis.call('XADD', KEYS[2], '*', 'type', 'run.failed', 'run_id', ARGV[5], 'data', ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[5])
+redis.call('ZREM', KEYS[6], ARGV[5])
+return {ok = 'failed'}
+"""
+)
+
+# Cancel a run and every pending gate it has. Afterwards no call of the run starts (claims
+# check the status); calls of the current turn are sorted into never-ran and running.
 # KEYS[1] run hash, KEYS[2] deadlines zset, KEYS[3] events stream, KEYS[4] run gates set,
-# KEYS[5] finished-runs zset,
-# KEYS[6..] every gate hash of the run (the members of KEYS[4], in ARGV order)
-# ARGV[1] by, ARGV[2] reason, ARGV[3] events MAXLEN, ARGV[4] run id, ARGV[5] unused,
-# ARGV[6..] gate ids
+# KEYS[5] finished-runs zset, KEYS[6] active-runs zset, KEYS[7] the current turn's hash,
+# KEYS[8..] every gate hash of the run (the members of KEYS[4], in ARGV order)
+# ARGV[1] by, ARGV[2] reason, ARGV[3] run id, ARGV[4] the current turn (guard),
+# ARGV[5..] gate ids
 # Returns {'cancelled'} | {'finished', status} | {'missing'} | {'retry'} (a gate was
-# opened since the caller listed them: list again).
+# opened or a turn recorded since the caller looked: look again).
 CANCEL_RUN = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing'} end
 if st == 'completed' or st == 'failed' or st == 'cancelled' then return {'finished', st} end
-if redis.call('SCARD', KEYS[4]) ~= #KEYS - 5 then return {'retry'} end
+if redis.call('SCARD', KEYS[4]) ~= #KEYS - 7
+  or (redis.call('HGET', KEYS[1], 'turn') or '0') ~= ARGV[4] then
+  return {'retry'}
+end
 local t = redis.call('TIME')
 local nowstr = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
 local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
-for i = 6, #KEYS do
-  local gid = ARGV[i]
-  if redis.call('HGET', KEYS[i], 'status') == 'pending' then
+local never, running = {}, {}
+for i = 8, #KEYS do
+  local gid = ARGV[i - 3]
+  local gs = redis.call('HGET', KEYS[i], 'status')
+  if gs == 'pending' then
     redis.call('HSET', KEYS[i], 'status', 'cancelled', 'decided_by', ARGV[1],
       'reason', ARGV[2], 'decided_at', nowstr)
     redis.call('ZREM', KEYS[2], gid)
     local g = redis.call('HMGET', KEYS[i], 'tool', 'call_id')
-    local data = '{"gate_id":' .. cjson.encode(gid) .. ',"run_id":' .. cjson.encode(ARGV[4])
+    local data = '{"gate_id":' .. cjson.encode(gid) .. ',"run_id":' .. cjson.encode(ARGV[3])
       .. ',"call_id":' .. cjson.encode(g[2]) .. ',"tool":' .. cjson.encode(g[1])
       .. ',"status":"cancelled","by":' .. cjson.encode(ARGV[1])
       .. ',"reason":' .. cjson.encode(ARGV[2]) .. ',"decided_at":' .. nowstr
       .. ',"origin":' .. origin .. '}'
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'type', 'gate.decided',
-      'run_id', ARGV[4], 'data', data)
+    redis.call('XADD', KEYS[3], '*', 'type', 'gate.decided', 'run_id', ARGV[3], 'data', data)
+  elseif gs == 'approved' then
+    local g = redis.call('HMGET', KEYS[i], 'turn', 'call_id')
+    if g[1] == ARGV[4] then
+      local cs = redis.call('HGET', KEYS[7], 'state:' .. g[2])
+      if cs == 'claimed' then
+        running[#running + 1] = gid
+      elseif cs ~= 'done' then
+        never[#never + 1] = gid
+      end
+    end
   end
 end
 redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_by', ARGV[1], 'pending', 0,
   'phase', 'done', 'updated_at', nowstr)
-local data = '{"run_id":' .. cjson.encode(ARGV[4]) .. ',"by":' .. cjson.encode(ARGV[1])
-  .. ',"reason":' .. cjson.encode(ARGV[2]) .. ',"origin":' .. origin .. '}'
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'type', 'run.cancelled',
-  'run_id', ARGV[4], 'data', data)
-redis.call('ZADD', KEYS[5], nowstr, ARGV[4])
+local function ids(list)
+  if #list == 0 then return '[]' end
+  return cjson.encode(list)
+end
+local data = '{"run_id":' .. cjson.encode(ARGV[3]) .. ',"by":' .. cjson.encode(ARGV[1])
+  .. ',"reason":' .. cjson.encode(ARGV[2]) .. ',"never_ran":' .. ids(never)
+  .. ',"running":' .. ids(running) .. ',"origin":' .. origin .. '}'
+redis.call('XADD', KEYS[3], '*', 'type', 'run.cancelled', 'run_id', ARGV[3], 'data', data)
+redis.call('ZADD', KEYS[5], nowstr, ARGV[3])
+redis.call('ZREM', KEYS[6], ARGV[3])
 return {'cancelled'}
 """
 
-# Renew the run lease only if this worker still holds it.
+# Repair a run that nothing will advance: no live lease, no recent progress, and either no
+# pending gate while it waits for approval, or no job while it is queued or running. It
+# recounts the pending gates and enqueues a resume job (an extra job is harmless).
+# KEYS[1] run hash, KEYS[2] jobs stream, KEYS[3] run gates set, KEYS[4] active-runs zset,
+# KEYS[5..] every gate hash of the run (the members of KEYS[3], in ARGV order)
+# ARGV[1] seconds without progress before a run counts as stuck, ARGV[2] run id,
+# ARGV[3..] gate ids
+# Returns 'repaired' | 'waiting' (gates pending: their deadlines move it) | 'busy' | 'recent'
+# | 'finished' | 'retry' | 'missing' as status replies.
+REPAIR_RUN = (
+    _HELPERS
+    + """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then
+  redis.call('ZREM', KEYS[4], ARGV[2])
+  return {ok = 'missing'}
+end
+if finished(st) then
+  redis.call('ZREM', KEYS[4], ARGV[2])
+  return {ok = 'finished'}
+end
+local n = now()
+if tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') > n then return {ok = 'busy'} end
+if tonumber(redis.call('HGET', KEYS[1], 'updated_at') or '0') > n - tonumber(ARGV[1]) then
+  return {ok = 'recent'}
+end
+if redis.call('SCARD', KEYS[3]) ~= #KEYS - 4 then return {ok = 'retry'} end
+local pending = 0
+for i = 5, #KEYS do
+  if redis.call('HGET', KEYS[i], 'status') == 'pending' then pending = pending + 1 end
+end
+local nowstr = string.format('%.6f', n)
+if pending > 0 then
+  -- Its gates have deadlines: the sweeper (or a decision) moves it on.
+  if st ~= 'awaiting_approval'
+    or tonumber(redis.call('HGET', KEYS[1], 'pending') or '0') ~= pending then
+    redis.call('HSET', KEYS[1], 'status', 'awaiting_approval', 'pending', pending)
+  end
+  return {ok = 'waiting'}
+end
+redis.call('HSET', KEYS[1], 'pending', pending, 'updated_at', nowstr)
+redis.call('HINCRBY', KEYS[1], 'repairs', 1)
+redis.call('XADD', KEYS[2], '*', 'type', 'resume', 'run_id', ARGV[2])
+return {ok = 'repaired'}
+"""
+)
+
+# Renew a plain lock key only if this process still holds it (the bot's card locks).
 # KEYS[1] lock key; ARGV[1] token, ARGV[2] lease in ms. Returns 1 if renewed.
 RENEW_LOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -255,25 +549,11 @@ end
 return 0
 """
 
-# Release the run lease only if this worker still holds it.
+# Release a plain lock key only if this process still holds it (the bot's card locks).
 # KEYS[1] lock key; ARGV[1] token. Returns 1 if released.
 RELEASE_LOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-# Finish a job: acknowledge it, delete it from the stream (one group reads jobs, so an
-# acknowledged job is never needed again) and release the run's lease if still ours.
-# KEYS[1] jobs stream, KEYS[2] lock key
-# ARGV[1] group, ARGV[2] message id, ARGV[3] lock token
-# Returns 1 if the lease was released.
-FINISH_JOB = """
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('XDEL', KEYS[1], ARGV[2])
-if redis.call('GET', KEYS[2]) == ARGV[3] then
-  return redis.call('DEL', KEYS[2])
 end
 return 0
 """

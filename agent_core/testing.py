@@ -45,6 +45,7 @@ __all__ = [
     "ToolCallSpec",
     "call",
     "calls",
+    "raw_response",
     "reply",
     "tool_messages",
 ]
@@ -83,6 +84,8 @@ class Step:
     content: str | None
     tool_calls: tuple[ToolCallSpec, ...] = ()
     expect: Expect | None = field(default=None, compare=False)
+    # (status, content type, body): sent as is instead of a completion (see raw_response).
+    raw: tuple[int, str, str] | None = None
 
     @property
     def finish_reason(self) -> Literal["tool_calls", "stop"]:
@@ -99,6 +102,26 @@ def _encode_args(args: Mapping[str, Any] | str) -> str:
 def reply(text: str, *, expect: Expect | None = None) -> Step:
     """A turn that answers with ``text`` and no tool call (``finish_reason="stop"``)."""
     return Step(content=text, expect=expect)
+
+
+def raw_response(
+    body: str | Mapping[str, Any],
+    *,
+    status: int = 200,
+    content_type: str | None = None,
+    expect: Expect | None = None,
+) -> Step:
+    """A turn answered with this exact body, as odd servers and relays answer: an HTML page
+    with a 200, a 200 carrying an ``error`` object, content as a list of chunks…
+
+    A mapping is JSON-encoded (``application/json``); a string is sent as is
+    (``text/html`` unless ``content_type`` says otherwise).
+    """
+    if isinstance(body, str):
+        text, ctype = body, content_type or "text/html"
+    else:
+        text, ctype = json.dumps(dict(body)), content_type or "application/json"
+    return Step(content=None, raw=(status, ctype, text), expect=expect)
 
 
 def call(
@@ -120,18 +143,23 @@ def call(
 
 
 def calls(
-    specs: Iterable[tuple[str, Mapping[str, Any] | str]],
+    specs: Iterable[tuple[str, Mapping[str, Any] | str] | tuple[str, Mapping[str, Any] | str, str]],
     *,
     content: str | None = None,
     expect: Expect | None = None,
 ) -> Step:
-    """A turn with several tool calls, given as ``(name, args)`` pairs.
+    """A turn with several tool calls, given as ``(name, args)`` or ``(name, args, id)``.
 
-    Each call gets a process-unique ``call_<n>`` id, fixed when the step is built.
+    A call without an id gets a process-unique ``call_<n>``, fixed when the step is built;
+    an explicit id is sent as given (empty or repeated, as some servers do).
     """
     tool_calls = tuple(
-        ToolCallSpec(name=name, arguments=_encode_args(args), id=_next_call_id())
-        for name, args in specs
+        ToolCallSpec(
+            name=spec[0],
+            arguments=_encode_args(spec[1]),
+            id=spec[2] if len(spec) > 2 else _next_call_id(),
+        )
+        for spec in specs
     )
     if not tool_calls:
         raise ValueError("calls() needs at least one (name, args) pair")
@@ -518,6 +546,9 @@ class FakeOpenAI:
                 return self._unexpected(
                     f"task {task!r} step {index}: expect raised {exc!r}\n" + traceback.format_exc()
                 )
+        if step.raw is not None:
+            status, ctype, text = step.raw
+            return web.Response(status=status, content_type=ctype, text=text)
         return web.json_response(self._completion(body, step))
 
     def _injected_failure(self, status: int, retry_after: float | None) -> web.Response:

@@ -145,7 +145,12 @@ class Tool:
         }
 
     def validate(self, raw_arguments: str) -> dict[str, Any]:
-        """Parse and validate the model's arguments; :class:`ToolArgumentsError` if invalid."""
+        """Parse and validate the model's arguments; :class:`ToolArgumentsError` if invalid.
+
+        Validation is strict (``"false"`` is not a bool, ``"5"`` is not an int) and happens
+        once: the result, with defaults filled in, is what the approval rule sees, what the
+        card shows, what the arguments hash covers and what the tool is called with.
+        """
         try:
             data = json.loads(raw_arguments or "{}")
         except json.JSONDecodeError as exc:
@@ -161,22 +166,25 @@ class Tool:
             json.dumps(data, ensure_ascii=False).encode()
         except UnicodeEncodeError as exc:
             raise ToolArgumentsError("arguments contain text that is not valid Unicode") from exc
+        parsed = self._parse(json.dumps(data))
+        return parsed.model_dump(mode="json", by_alias=True)
+
+    def _parse(self, json_text: str) -> BaseModel:
         try:
-            self.params_model.model_validate(data)
+            return self.params_model.model_validate_json(json_text, strict=True)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}"
                 for e in exc.errors(include_url=False)
             )
             raise ToolArgumentsError(f"invalid arguments: {problems}") from exc
-        return data
 
     async def call(self, args: Mapping[str, Any]) -> str:
-        """Run the tool with validated arguments and return its output as text.
+        """Run the tool with arguments returned by :meth:`validate` and return its output.
 
         Sync functions run in a thread so they never block the worker's event loop.
         """
-        parsed = self.params_model.model_validate(dict(args))
+        parsed = self._parse(json.dumps(dict(args)))
         kwargs = {f.alias or n: getattr(parsed, n) for n, f in type(parsed).model_fields.items()}
         if inspect.iscoroutinefunction(self.fn):
             result = await self.fn(**kwargs)

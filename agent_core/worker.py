@@ -24,16 +24,23 @@ from redis.exceptions import RedisError
 from . import scripts
 from .agent import Agent, load_agent
 from .connections import create_redis, redacted
-from .exceptions import ConfigError, GateNotFound
+from .exceptions import ConfigError, GateNotFound, LeaseLost
 from .gateway import Gateway, valid_run_id
 from .keys import Keys
 from .runner import Runner
 from .settings import Settings
 from .streams import StreamConsumer, StreamMessage
+from .trimmer import forget_dead_consumers, trim_events
 
 log = logging.getLogger("agent_core.worker")
 
 JOBS_GROUP = "workers"
+# How often the sweeper trims the events stream and looks for stuck runs (seconds).
+HOUSEKEEPING_INTERVAL = 10.0
+
+
+def _flat(msg: StreamMessage) -> list[str]:
+    return [x for kv in msg.fields.items() for x in kv]
 
 
 class Worker:
@@ -65,6 +72,7 @@ class Worker:
             approval_timeout=settings.approval_timeout,
             events_maxlen=settings.events_maxlen,
             max_turns=settings.max_turns,
+            max_calls_per_turn=settings.max_calls_per_turn,
         )
         lease_ms = int(settings.worker_lease * 1000)
         self.lease_ms = lease_ms
@@ -78,9 +86,11 @@ class Worker:
             max_deliveries=settings.job_max_deliveries,
             delete_acked=True,
         )
-        self._renew = redis.register_script(scripts.RENEW_LOCK)
-        self._release = redis.register_script(scripts.RELEASE_LOCK)
+        self._acquire_lease = redis.register_script(scripts.ACQUIRE_LEASE)
+        self._renew = redis.register_script(scripts.RENEW_LEASE)
+        self._release = redis.register_script(scripts.RELEASE_LEASE)
         self._finish_job = redis.register_script(scripts.FINISH_JOB)
+        self._requeue = redis.register_script(scripts.REQUEUE_JOB)
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self._inflight: set[asyncio.Task[None]] = set()
         self.stopping = asyncio.Event()
@@ -151,58 +161,92 @@ class Worker:
                 log.error("malformed job %s dead-lettered", msg.id)
                 await self.jobs.dead_letter(msg, "malformed job")
                 return
-            if msg.deliveries > self.jobs.max_deliveries:
-                error = (
-                    f"the worker failed to process this run {msg.deliveries - 1} times "
-                    "(crash or error each time); the job was moved to the dead-letter stream"
-                )
-                await self.runner.fail(run_id, error)
-                await self.jobs.dead_letter(msg, error)
-                log.error("run %s: job %s dead-lettered", run_id, msg.id)
+            fence = await self._acquire(run_id)
+            if fence is None:
+                await self.jobs.ack(msg.id)
+                log.warning("job %s for unknown run %s ignored", msg.id, run_id)
                 return
-            token = secrets.token_hex(8)
-            if not await self._lock(run_id, token):
-                # Another worker is advancing this run; leave the job pending (not acked):
-                # it is claimed again once idle, and finds the run's new state.
-                log.info("run %s is busy elsewhere; job %s left pending", run_id, msg.id)
+            if fence == "busy":
+                # Another worker advances this run. Waiting for it is not a failure: the job
+                # goes back to the end of the stream as a new entry (delivery count reset),
+                # and whoever reads it next finds the run's state then.
+                await self._requeue(keys=[self.keys.jobs()], args=[JOBS_GROUP, msg.id, *_flat(msg)])
+                log.info("run %s is busy elsewhere; job %s requeued", run_id, msg.id)
                 return
-            heartbeat = asyncio.create_task(self._heartbeat(run_id, token, msg))
-            finished = False
-            try:
-                await self.runner.advance(run_id)
-                heartbeat.cancel()
-                await self._finish_job(
-                    keys=[self.keys.jobs(), self.keys.lock(run_id)],
-                    args=[JOBS_GROUP, msg.id, token],
-                )
-                finished = True
-            finally:
-                heartbeat.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heartbeat
-                if not finished:
-                    with contextlib.suppress(RedisError, OSError):
-                        await self._release(keys=[self.keys.lock(run_id)], args=[token])
+            await self._advance(run_id, fence, msg)
         except asyncio.CancelledError:
             raise
+        except LeaseLost:
+            # Paused or slow past the lease: another worker owns the run now. Nothing more
+            # is written; the job stays with the new owner.
+            log.warning(
+                "run %s: lost its lease (paused or blocked longer than WORKER_LEASE=%ss); "
+                "stopped advancing it, wrote nothing more",
+                run_id,
+                self.settings.worker_lease,
+            )
         except Exception:
             # Not acknowledged: the job is delivered again after WORKER_LEASE, and
             # dead-lettered after JOB_MAX_DELIVERIES attempts.
             log.exception("run %s: job %s failed", run_id, msg.id)
 
-    async def _lock(self, run_id: str, token: str) -> bool:
-        key = self.keys.lock(run_id)
-        for attempt in range(20):
-            if await self.redis.set(key, token, nx=True, px=self.lease_ms):
-                return True
-            await asyncio.sleep(min(0.01 * 2**attempt, 0.25))
-        return False
+    async def _advance(self, run_id: str, fence: str, msg: StreamMessage) -> None:
+        lost = asyncio.Event()
+        heartbeat = asyncio.create_task(self._heartbeat(run_id, fence, msg, lost))
+        finished = False
+        try:
+            if msg.deliveries > self.jobs.max_deliveries:
+                error = (
+                    f"the worker failed to process this run {msg.deliveries - 1} times "
+                    "(crash or error each time); the job was moved to the dead-letter stream"
+                )
+                await self.runner.fail(run_id, error, fence)
+                await self.jobs.dead_letter(msg, error)
+                log.error("run %s: job %s dead-lettered", run_id, msg.id)
+            else:
+                await self.runner.advance(run_id, fence)
+            heartbeat.cancel()
+            if await self._finish_job(
+                keys=[self.keys.jobs(), self.keys.run(run_id)],
+                args=[JOBS_GROUP, msg.id, fence],
+            ):
+                finished = True
+            else:
+                raise LeaseLost(run_id)
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            if not finished and not lost.is_set():
+                with contextlib.suppress(RedisError, OSError):
+                    await self._release(keys=[self.keys.run(run_id)], args=[fence])
 
-    async def _heartbeat(self, run_id: str, token: str, msg: StreamMessage) -> None:
+    async def _acquire(self, run_id: str) -> str | None:
+        """The run's lease: a fence token, ``"busy"``, or None when the run does not exist.
+
+        A busy run is tried a few times over about a second (a resume job often arrives
+        while the worker that opened the gates is still releasing the run).
+        """
+        key = self.keys.run(run_id)
+        for attempt in range(8):
+            res = await self._acquire_lease(keys=[key], args=[self.lease_ms, self.name])
+            if res[0] == "ok":
+                return str(res[1])
+            if res[0] == "missing":
+                return None
+            await asyncio.sleep(min(0.01 * 2**attempt, 0.25))
+        return "busy"
+
+    async def _heartbeat(
+        self, run_id: str, fence: str, msg: StreamMessage, lost: asyncio.Event
+    ) -> None:
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
             try:
-                await self._renew(keys=[self.keys.lock(run_id)], args=[token, self.lease_ms])
+                if not await self._renew(keys=[self.keys.run(run_id)], args=[fence, self.lease_ms]):
+                    lost.set()
+                    log.warning("run %s: lease lost (renewal refused); stopping", run_id)
+                    return
                 await self.jobs.touch(msg.id)
             except (RedisError, OSError) as exc:
                 log.warning("run %s: heartbeat failed (%s)", run_id, type(exc).__name__)
@@ -213,11 +257,17 @@ class Worker:
         retention = self.settings.run_retention
         loop = asyncio.get_running_loop()
         next_purge = loop.time()
+        next_housekeeping = loop.time() + min(HOUSEKEEPING_INTERVAL, self.settings.stuck_run_after)
         while not self.stopping.is_set():
             try:
                 if retention and loop.time() >= next_purge:
                     purged = await self.gateway.purge_finished(retention)
                     next_purge = loop.time() + (0 if purged == 100 else min(60.0, retention))
+                if loop.time() >= next_housekeeping:
+                    next_housekeeping = loop.time() + min(
+                        HOUSEKEEPING_INTERVAL, self.settings.stuck_run_after
+                    )
+                    await self.housekeeping()
                 expired = await self.sweep()
                 due, next_in = await self.gateway.due_gates(limit=1)
                 wait = 0.0 if (expired and due) else min(next_in or interval, interval)
@@ -226,6 +276,19 @@ class Worker:
                 wait = interval
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), timeout=max(wait, 0.005))
+
+    async def housekeeping(self) -> None:
+        """Repair stuck runs, trim what every group has read, forget dead consumers."""
+        for run_id in await self.gateway.repair_stuck(self.settings.stuck_run_after):
+            log.warning(
+                "run %s was stuck (no progress for %.0f s, nothing pending, no worker): "
+                "resume job enqueued",
+                run_id,
+                self.settings.stuck_run_after,
+            )
+        await trim_events(self.redis, self.keys.events(), self.settings.events_maxlen)
+        for stream in (self.keys.events(), self.keys.jobs()):
+            await forget_dead_consumers(self.redis, stream)
 
     async def sweep(self, limit: int = 100) -> int:
         """Expire every overdue gate (several workers may sweep at once); how many moved."""

@@ -78,6 +78,24 @@ async def sync_mirror(name: str) -> str:
 
 
 @tool
+def slow_report(name: str) -> str:
+    """Build a report slowly (never gated; runs in a thread)."""
+    journal(f"slow_report:start:{name}:{os.getpid()}")
+    time.sleep(float(os.environ.get("TEST_SLOW_SECONDS", "0")))
+    journal(f"slow_report:end:{name}:{os.getpid()}")
+    return f"report {name} built"
+
+
+@tool
+async def blocking_report(name: str) -> str:
+    """Build a report while blocking the event loop (a badly written async tool)."""
+    journal(f"blocking_report:start:{name}:{os.getpid()}")
+    time.sleep(float(os.environ.get("TEST_SLOW_SECONDS", "0")))  # blocks the worker's loop
+    journal(f"blocking_report:end:{name}:{os.getpid()}")
+    return f"report {name} built"
+
+
+@tool
 def explode(why: str) -> str:
     """Always fails."""
     raise RuntimeError(f"exploded: {why}")
@@ -93,6 +111,38 @@ def risky(x: int) -> str:
 ops = Agent(
     name="test-ops",
     instructions="You are a test agent.",
-    tools=[lookup, delete_user, send_email, charge, transfer, sync_mirror, explode, risky],
+    tools=[
+        lookup,
+        delete_user,
+        send_email,
+        charge,
+        transfer,
+        sync_mirror,
+        slow_report,
+        blocking_report,
+        explode,
+        risky,
+    ],
     approval_policy=["charge"],
+)
+
+
+@tool(requires_approval=lambda args: not args.get("dry_run", True))
+def deploy(env: str, dry_run: bool = True) -> str:
+    """Deploy (a real deploy, dry_run=false, needs approval)."""
+    journal(f"deploy:{env}:{'dry' if dry_run else 'real'}")
+    return f"deployed {env} ({'dry run' if dry_run else 'for real'})"
+
+
+@tool
+def garbled(name: str) -> str:
+    """Returns text that is not valid Unicode (a lone surrogate), as a broken decoder may."""
+    journal(f"garbled:{name}")
+    return "half an emoji: \ud83d"
+
+
+strict = Agent(
+    name="test-strict",
+    instructions="You are a test agent.",
+    tools=[deploy, garbled, lookup, delete_user, transfer, slow_report],
 )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +10,7 @@ from agent_core import Settings
 from agent_core.testing import FakeOpenAI
 from tests.agents import ops
 from tests.core.harness import Harness
+from tests.core.workers import WorkerProcess, worker_env
 
 
 @pytest.fixture
@@ -45,3 +46,30 @@ async def harness(
         yield h
     finally:
         await h.close()
+
+
+@pytest.fixture
+def spawn(
+    tmp_path: Path, fake_openai: FakeOpenAI, journal: Path
+) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real ``python -m agent_core.worker`` processes; all are SIGKILLed at teardown."""
+    procs: list[WorkerProcess] = []
+
+    def make(redis_url: str, **extra: str) -> WorkerProcess:
+        env = worker_env(redis_url, fake_openai.base_url, journal, **extra)
+        p = WorkerProcess(env, tmp_path / f"worker{len(procs)}.log")
+        procs.append(p)
+        return p
+
+    yield make
+    for p in procs:
+        if p.proc.poll() is None:
+            p.kill()
+
+
+@pytest.fixture
+async def observer(redis: Redis, redis_url: str, fake_openai: FakeOpenAI) -> AsyncIterator[Harness]:
+    """A gateway and event reader with no worker of its own."""
+    h = Harness(redis, core_settings(redis_url, fake_openai.base_url), ops)
+    yield h
+    await h.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,43 +16,9 @@ from tests.agents import ops, read_journal
 from tests.conftest import RedisServerFactory
 from tests.core.conftest import core_settings
 from tests.core.harness import Harness
-from tests.core.workers import WorkerProcess, worker_env
+from tests.core.workers import WorkerProcess, wait_journal
 
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def spawn(
-    tmp_path: Path, fake_openai: FakeOpenAI, journal: Path
-) -> Iterator[Callable[..., WorkerProcess]]:
-    procs: list[WorkerProcess] = []
-
-    def make(redis_url: str, **extra: str) -> WorkerProcess:
-        env = worker_env(redis_url, fake_openai.base_url, journal, **extra)
-        p = WorkerProcess(env, tmp_path / f"worker{len(procs)}.log")
-        procs.append(p)
-        return p
-
-    yield make
-    for p in procs:
-        if p.proc.poll() is None:
-            p.kill()
-
-
-@pytest.fixture
-async def observer(redis: Redis, redis_url: str, fake_openai: FakeOpenAI) -> AsyncIterator[Harness]:
-    """A gateway and event reader with no worker of its own."""
-    h = Harness(redis, core_settings(redis_url, fake_openai.base_url), ops)
-    yield h
-    await h.close()
-
-
-async def wait_journal(path: Path, line: str, timeout: float = 10) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if line in read_journal(str(path)):
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{line!r} never appeared in the journal: {read_journal(str(path))}")
 
 
 def last_tool_contains(*parts: str) -> Callable[[list[dict[str, Any]]], None]:
@@ -203,3 +169,38 @@ async def test_paused_runs_survive_a_redis_crash_with_aof(
     finally:
         await h.close()
         await client.aclose()
+
+
+async def test_a_run_continues_within_10_s_of_a_worker_crash_by_default(
+    spawn: Callable[..., WorkerProcess],
+    observer: Harness,
+    fake_openai: FakeOpenAI,
+    redis_url: str,
+    journal: Path,
+) -> None:
+    """With the default WORKER_LEASE, another worker takes a dead worker's run over fast."""
+    fake_openai.script(
+        "crash fast",
+        [
+            call("slow_report", {"name": "q"}),
+            reply("reported", expect=last_tool_contains("Outcome unknown")),
+        ],
+    )
+    env = {"WORKER_LEASE": "", "TEST_SLOW_SECONDS": "60"}  # empty: the default lease
+    first = spawn(redis_url, **env)
+    run = await observer.gateway.start_run("crash fast", requested_by="U1")
+    for _ in range(500):
+        if any(x.startswith("slow_report:start:q") for x in read_journal(str(journal))):
+            break
+        await asyncio.sleep(0.02)
+    spawn(redis_url, **env)
+    await asyncio.sleep(0.5)  # the second worker is up
+    loop = asyncio.get_running_loop()
+    killed_at = loop.time()
+    first.kill()
+    ev = await observer.wait_event(run.run_id, "tool.executed", timeout=15)
+    took = loop.time() - killed_at
+    assert ev.data["in_doubt"] is True
+    assert took < 10, f"the run continued {took:.1f} s after the crash"
+    done = await observer.wait_finished(run.run_id, timeout=15)
+    assert (done.status, done.final) == (RunStatus.COMPLETED, "reported")

@@ -55,16 +55,15 @@ async def test_a_malformed_job_is_dead_lettered_at_once(harness: Harness, redis:
 async def test_a_job_for_an_unknown_run_is_acknowledged_and_ignored(
     harness: Harness, redis: Redis, fake_openai: FakeOpenAI
 ) -> None:
-    await redis.xadd(harness.keys.jobs(), {"type": "start", "run_id": "r-000000000000"})
+    job_id = await redis.xadd(harness.keys.jobs(), {"type": "start", "run_id": "r-000000000000"})
     for _ in range(200):
-        info = await redis.xpending(harness.keys.jobs(), "workers")
-        length = await redis.xlen(harness.keys.jobs())
-        if length == 1 and info["pending"] == 0:
-            groups = await redis.xinfo_groups(harness.keys.jobs())
-            if groups and groups[0]["last-delivered-id"] != "0-0":
-                break
+        # The worker may not have created its group yet (XINFO then answers no groups).
+        groups = await redis.xinfo_groups(harness.keys.jobs())
+        if groups and groups[0]["last-delivered-id"] == job_id and groups[0]["pending"] == 0:
+            break
         await harness.events(block_ms=20)
     else:
         raise AssertionError("the job was never acknowledged")
+    assert await redis.xlen(harness.keys.jobs()) == 0  # acknowledged jobs are deleted
     assert await redis.xlen(harness.keys.dead_jobs()) == 0
     assert fake_openai.requests == []

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from agent_core import GateStatus, Gateway, InvalidState, Keys, RunStatus
+from agent_core import GateStatus, Gateway, InvalidState, Keys, RunStatus, scripts
 from agent_core.gateway import new_gate_id
 from agent_core.runner import Runner
 from tests.agents import ops
@@ -34,6 +34,13 @@ ops_strategy = st.lists(
 )
 
 
+async def lease(redis: Redis, run_key: str) -> str:
+    """Take the run's lease as a worker does (ACQUIRE_LEASE): the fence token."""
+    res = await redis.eval(scripts.ACQUIRE_LEASE, 1, run_key, 60_000, "test")
+    assert res[0] == "ok", res
+    return str(res[1])
+
+
 async def open_run(redis: Redis, gw: Gateway, runner: Runner, n: int) -> tuple[str, list[str]]:
     """A run paused at turn 1 on n gates, opened by the real OPEN_GATES script."""
     run = await gw.start_run("model", requested_by="U0")
@@ -48,8 +55,12 @@ async def open_run(redis: Redis, gw: Gateway, runner: Runner, n: int) -> tuple[s
         }
         for i in range(n)
     ]
+    await redis.hset(
+        k.turn(run.run_id, 1), mapping={f"state:{c['id']}": "needs_gate" for c in calls}
+    )
+    fence = await lease(redis, k.run(run.run_id))
     h = await redis.hgetall(k.run(run.run_id))
-    await runner._open_gates(h, 1, calls)
+    await runner._open_gates(h, 1, calls, fence)
     return run.run_id, [c["gate_id"] for c in calls]
 
 

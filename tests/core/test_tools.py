@@ -389,8 +389,37 @@ def book(room: str, people: int, projector: bool = False) -> str:
     return f"{room}:{people}:{projector}"
 
 
-def test_valid_arguments_come_back_as_a_dict() -> None:
-    assert book.validate('{"room": "A1", "people": 3}') == {"room": "A1", "people": 3}
+def test_valid_arguments_come_back_as_a_dict_with_defaults_filled_in() -> None:
+    # What the approval rule sees, the card shows, the hash covers and the tool gets.
+    assert book.validate('{"room": "A1", "people": 3}') == {
+        "room": "A1",
+        "people": 3,
+        "projector": False,
+    }
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ('{"room": "A1", "people": "3"}', "people: Input should be a valid integer"),
+        (
+            '{"room": "A1", "people": 3, "projector": "false"}',
+            "projector: Input should be a valid boolean",
+        ),
+        (
+            '{"room": "A1", "people": 3, "projector": 0}',
+            "projector: Input should be a valid boolean",
+        ),
+        ('{"room": 7, "people": 3}', "room: Input should be a valid string"),
+        ('{"room": "A1", "people": 3.0}', "people: Input should be a valid integer"),
+    ],
+)
+def test_arguments_are_validated_strictly(raw: str, problem: str) -> None:
+    # Lax coercion let "false" reach the approval rule as a truthy string and the tool as
+    # False: a real run without approval. Strict JSON validation sends it back to the model.
+    with pytest.raises(ToolArgumentsError) as err:
+        book.validate(raw)
+    assert problem in str(err.value)
 
 
 def test_empty_arguments_mean_an_empty_object() -> None:

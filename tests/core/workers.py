@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.agents import read_journal
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,6 +27,13 @@ class WorkerProcess:
             stdout=self._out,
             stderr=subprocess.STDOUT,
         )
+
+    def pause(self) -> None:
+        """SIGSTOP: the process freezes (as in a long GC or VM pause) until :meth:`resume`."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -65,3 +75,12 @@ def worker_env(redis_url: str, openai_url: str, journal: Path, **extra: str) -> 
     }
     env.update(extra)
     return env
+
+
+async def wait_journal(path: Path, line: str, timeout: float = 10) -> None:
+    """Wait until ``line`` is in the journal file."""
+    for _ in range(int(timeout / 0.02)):
+        if line in read_journal(str(path)):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{line!r} never appeared in the journal: {read_journal(str(path))}")

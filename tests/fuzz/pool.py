@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent_core import Gateway
+from agent_core import Gateway, scripts
 from agent_core.gateway import new_gate_id
 from agent_core.runner import Runner
 from tests.agents import ops
@@ -90,8 +90,15 @@ class GatePool:
             }
             for i in range(self.per_run)
         ]
-        fields = await self.redis.hgetall(k.run(run.run_id))
-        await self._runner._open_gates(fields, 1, calls)
+        await self.redis.hset(
+            k.turn(run.run_id, 1), mapping={f"state:{c['id']}": "needs_gate" for c in calls}
+        )
+        # Opened as a worker opens them: under the run's lease, then the lease is released.
+        rk = k.run(run.run_id)
+        lease = await self.redis.eval(scripts.ACQUIRE_LEASE, 1, rk, 60_000, "pool")
+        fields = await self.redis.hgetall(rk)
+        await self._runner._open_gates(fields, 1, calls, str(lease[1]))
+        await self.redis.eval(scripts.RELEASE_LEASE, 1, rk, str(lease[1]))
         self.gates += [PoolGate(c["gate_id"], run.run_id, REQUESTER) for c in calls]
         return run.run_id
 

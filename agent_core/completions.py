@@ -1,0 +1,145 @@
+"""Reading a Chat Completions response, whatever the server behind ``OPENAI_BASE_URL`` sent.
+
+A 200 answer is not always a usable completion: a wrong base URL returns an HTML page, a
+relay returns ``{"error": ...}``, some servers send ``content`` as a list of typed chunks or
+``arguments`` as an object. :func:`parse_completion` turns the body into a
+:class:`Completion` or raises :class:`ModelResponseError` with a message that names what was
+wrong, so the run fails at once with that message instead of being retried as a crash.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ModelResponseError(Exception):
+    """The model endpoint answered, but not with a usable completion."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call requested by the model (``arguments`` as JSON text)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The first choice of a completion, as the runner needs it."""
+
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates (which no UTF-8 encoder, nor Redis, accepts) replaced."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def parse_text_body(text: str) -> Any:
+    """The JSON of a 200 response that was not labelled JSON; :class:`ModelResponseError`
+    when it is not JSON at all (an HTML page from a wrong base URL or a relay)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        pass
+    head = text[:200].lstrip().lower()
+    if head.startswith(("<!doctype", "<html", "<head", "<body")) or "<html" in head:
+        what = "HTML"
+    elif not text.strip():
+        what = "an empty body"
+    else:
+        what = "text"
+    raise ModelResponseError(f"the model endpoint returned {what}, not JSON; check OPENAI_BASE_URL")
+
+
+def parse_completion(data: Any) -> Completion:
+    """The first choice of a Chat Completions response body (already decoded from JSON)."""
+    if not isinstance(data, dict):
+        raise ModelResponseError(
+            f"the model endpoint returned a JSON {type(data).__name__}, not a completion object"
+        )
+    err = data.get("error")
+    if err and not data.get("choices"):
+        raise ModelResponseError(f"the model provider returned an error: {_error_text(err)}")
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise ModelResponseError("the response had no choices")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise ModelResponseError("the response's first choice is not an object")
+    msg = choice.get("message")
+    if not isinstance(msg, dict):
+        raise ModelResponseError("the response's first choice has no message")
+    content = _content(msg.get("content"))
+    raw_calls = msg.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise ModelResponseError("the message's tool_calls is not a list")
+    calls = [_tool_call(i, c) for i, c in enumerate(raw_calls)]
+    reason = choice.get("finish_reason")
+    return Completion(
+        content=content, tool_calls=calls, finish_reason=reason if isinstance(reason, str) else None
+    )
+
+
+def _content(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return None if value is None else clean_text(value)
+    if isinstance(value, list):
+        # Typed chunks (Mistral's reasoning models): keep the text, leave thinking out.
+        texts: list[str] = []
+        for chunk in value:
+            if isinstance(chunk, str):
+                texts.append(chunk)
+            elif isinstance(chunk, dict) and chunk.get("type") in (None, "text", "output_text"):
+                text = chunk.get("text")
+                if isinstance(text, str):
+                    texts.append(text)
+        return clean_text("".join(texts))
+    raise ModelResponseError(
+        f"the message's content is a {type(value).__name__}, not text or a list of chunks"
+    )
+
+
+def _tool_call(index: int, value: Any) -> ToolCall:
+    if not isinstance(value, dict):
+        raise ModelResponseError(f"tool call {index} is not an object")
+    fn = value.get("function")
+    if not isinstance(fn, dict):
+        raise ModelResponseError(f"tool call {index} has no function")
+    name = fn.get("name")
+    if not isinstance(name, str):
+        raise ModelResponseError(f"tool call {index} has no function name")
+    args = fn.get("arguments")
+    if args is None:
+        args = ""
+    elif isinstance(args, dict):  # some llama.cpp and TGI versions send an object
+        args = json.dumps(args, ensure_ascii=False)
+    elif not isinstance(args, str):
+        raise ModelResponseError(
+            f"tool call {index} ({name[:64]}) has arguments of type {type(args).__name__}"
+        )
+    call_id = value.get("id")
+    return ToolCall(
+        id=call_id if isinstance(call_id, str) else "",
+        name=clean_text(name),
+        arguments=clean_text(args),
+    )
+
+
+def _error_text(err: Any) -> str:
+    if isinstance(err, dict):
+        message = err.get("message")
+        code = err.get("code")
+        text = str(message) if message else json.dumps(err)[:300]
+        return f"{text} (code {code})" if code not in (None, "") else text
+    return str(err)[:300]

@@ -1,0 +1,227 @@
+"""Invariant 8 with real processes: a worker paused past its lease writes nothing.
+
+Two ``python -m agent_core.worker`` processes share the jobs (``WORKER_LEASE=2``). The model
+asks for an un-gated slow tool and a gated one in one turn. The worker running the slow tool
+is frozen past its lease: by ``SIGSTOP`` (a GC or VM pause), or by an async tool that blocks
+its event loop. The other worker takes the run over, reports the slow call in doubt and
+opens the gate; a person approves; the approved call runs. Then the frozen worker wakes up.
+It must write nothing: no gate reopens, nothing asks for approval twice, every call runs at
+most once, and the model is told the truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from agent_core import GateStatus, RunStatus, scripts
+from agent_core.testing import FakeOpenAI, calls, reply, tool_messages
+from tests.agents import read_journal
+from tests.core.harness import Harness
+from tests.core.workers import WorkerProcess, wait_journal
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def told(messages: list[dict[str, Any]]) -> None:
+    """The model hears: the slow call is in doubt, the approved call ran."""
+    texts = [m["content"] for m in tool_messages(messages)]
+    assert len(texts) == 2, texts
+    assert texts[0].startswith("Outcome unknown"), texts
+    assert texts[1] == "user u7 deleted", texts
+
+
+async def started_by(journal: Path, tool: str, name: str) -> int:
+    """The pid of the worker whose journal line says it started ``tool`` on ``name``."""
+    prefix = f"{tool}:start:{name}:"
+    for _ in range(500):
+        for line in read_journal(str(journal)):
+            if line.startswith(prefix):
+                return int(line.removeprefix(prefix))
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{tool} never started: {read_journal(str(journal))}")
+
+
+async def check_nothing_written_twice(
+    observer: Harness, redis: Redis, run_id: str, gate_id: str, journal: Path, tool: str
+) -> None:
+    events = [e for e in await observer.events() if e.run_id == run_id]
+    opened = [e for e in events if e.type.value == "gate.opened"]
+    assert [e.data["gate_id"] for e in opened] == [gate_id], "a gate was opened twice"
+    decided = [e for e in events if e.type.value == "gate.decided"]
+    assert [(e.data["gate_id"], e.data["status"]) for e in decided] == [(gate_id, "approved")]
+    executed = [e for e in events if e.type.value == "tool.executed"]
+    # One report per call: the slow one in doubt (from the new owner), the approved one ok.
+    assert sorted((e.data["tool"], e.data["ok"], e.data["in_doubt"]) for e in executed) == sorted(
+        [("delete_user", True, False), (tool, False, True)]
+    )
+    gate = await observer.gateway.get_gate(gate_id)
+    assert gate is not None and gate.status is GateStatus.APPROVED
+    run = await observer.gateway.get_run(run_id)
+    assert run is not None and run.status is RunStatus.COMPLETED and run.final == "all done"
+    lines = read_journal(str(journal))
+    assert sum(line.startswith(f"{tool}:start:") for line in lines) == 1, lines
+    assert lines.count("delete_user:u7") == 1, lines
+
+
+async def run_takeover(
+    spawn: Callable[..., WorkerProcess],
+    observer: Harness,
+    fake_openai: FakeOpenAI,
+    redis: Redis,
+    redis_url: str,
+    journal: Path,
+    *,
+    tool: str,
+    freeze: bool,
+) -> None:
+    task = f"takeover {tool}"
+    fake_openai.script(
+        task,
+        [
+            calls([(tool, {"name": "r1"}), ("delete_user", {"user_id": "u7"})]),
+            reply("all done", expect=told),
+        ],
+    )
+    env = {"WORKER_LEASE": "2", "TEST_SLOW_SECONDS": "4" if not freeze else "0.5"}
+    workers = [spawn(redis_url, **env), spawn(redis_url, **env)]
+    run = await observer.gateway.start_run(task, requested_by="U1")
+    pid = await started_by(journal, tool, "r1")
+    first = next(w for w in workers if w.proc.pid == pid)
+    if freeze:
+        first.pause()  # frozen mid-tool, past its lease
+    try:
+        (opened,) = await observer.opened_gates(run.run_id, 1, timeout=20)
+        gate_id = opened.data["gate_id"]
+        res = await observer.gateway.decide(gate_id, "approve", by="U2")
+        assert res.applied
+        await wait_journal(journal, "delete_user:u7", timeout=20)
+        finished = await observer.wait_finished(run.run_id, timeout=20)
+        assert finished.status is RunStatus.COMPLETED
+    finally:
+        if freeze:
+            first.resume()
+    # The stale worker is awake again (or its blocking tool returned): give it time to try.
+    await wait_journal(journal, f"{tool}:end:r1:{pid}", timeout=20)
+    for _ in range(100):
+        if "lost its lease" in first.output() or "lease lost" in first.output():
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    assert "result of " + tool + " discarded" in first.output(), first.output()
+    await check_nothing_written_twice(observer, redis, run.run_id, gate_id, journal, tool)
+    # No second card could be asked for: the gate was never written back to pending.
+    assert await redis.zscore(observer.keys.deadlines(), gate_id) is None
+
+
+async def test_a_worker_frozen_past_its_lease_writes_nothing_when_it_wakes(
+    spawn: Callable[..., WorkerProcess],
+    observer: Harness,
+    fake_openai: FakeOpenAI,
+    redis: Redis,
+    redis_url: str,
+    journal: Path,
+) -> None:
+    await run_takeover(
+        spawn, observer, fake_openai, redis, redis_url, journal, tool="slow_report", freeze=True
+    )
+
+
+async def test_an_async_tool_blocking_the_loop_past_the_lease_writes_nothing(
+    spawn: Callable[..., WorkerProcess],
+    observer: Harness,
+    fake_openai: FakeOpenAI,
+    redis: Redis,
+    redis_url: str,
+    journal: Path,
+) -> None:
+    await run_takeover(
+        spawn,
+        observer,
+        fake_openai,
+        redis,
+        redis_url,
+        journal,
+        tool="blocking_report",
+        freeze=False,
+    )
+
+
+# --------------------------------------------------------------------------- the scripts
+async def lease(redis: Redis, run_key: str, ms: int = 60_000) -> str:
+    res = await redis.eval(scripts.ACQUIRE_LEASE, 1, run_key, ms, "test")
+    assert res[0] == "ok", res
+    return str(res[1])
+
+
+async def test_every_advancing_script_refuses_a_stale_fence(
+    observer: Harness, redis: Redis
+) -> None:
+    """A fence from an earlier lease (or an expired one) moves nothing, script by script."""
+    gw, k = observer.gateway, observer.keys
+    run = await gw.start_run("fenced", requested_by="U1")
+    rk = k.run(run.run_id)
+    old = await lease(redis, rk, ms=50)
+    await asyncio.sleep(0.1)  # the lease runs out
+    assert await redis.eval(scripts.RENEW_LEASE, 1, rk, old, 1000) == 0
+    new = await lease(redis, rk)
+    assert new != old
+    before = await redis.hgetall(rk)
+    turn = k.turn(run.run_id, 1)
+    await redis.hset(turn, mapping={"state:c1": "ready"})
+
+    replies = [
+        await redis.eval(scripts.BEGIN_RUN, 2, rk, k.events(), old, "a", "1"),
+        await redis.eval(
+            scripts.RECORD_TURN,
+            6,
+            rk,
+            k.history(run.run_id),
+            turn,
+            k.events(),
+            k.finished(),
+            k.active(),
+            old,
+            "0",
+            json.dumps({"role": "assistant", "content": "x"}),
+            "done",
+            "x",
+            "{}",
+            "1",
+        ),
+        await redis.eval(scripts.CLAIM_CALL, 2, rk, turn, old, "0", "c1", "0"),
+        await redis.eval(scripts.SETTLE_CALL, 2, rk, turn, old, "0", "c1", "no"),
+        await redis.eval(scripts.COMPLETE_CALL, 3, rk, turn, k.events(), old, "c1", "x", "{"),
+        await redis.eval(scripts.FINISH_TURN, 2, rk, k.history(run.run_id), old, "0", "1"),
+        await redis.eval(
+            scripts.FAIL_RUN,
+            6,
+            rk,
+            k.events(),
+            k.finished(),
+            k.deadlines(),
+            k.run_gates(run.run_id),
+            k.active(),
+            old,
+            "boom",
+            "{}",
+            "1",
+            run.run_id,
+        ),
+        await redis.eval(scripts.FINISH_JOB, 2, k.jobs(), rk, "workers", "1-1", old),
+    ]
+    assert [r[0] if isinstance(r, list) else r for r in replies] == ["lost"] * 7 + [0]
+    assert await redis.hgetall(rk) == before
+    assert await redis.hgetall(turn) == {"state:c1": "ready"}
+    assert await redis.lrange(k.history(run.run_id), 0, -1) == [
+        json.dumps({"role": "user", "content": "fenced"})
+    ]
+    # Only the holder can release: the stale fence cannot free the new holder's lease.
+    assert await redis.eval(scripts.RELEASE_LEASE, 1, rk, old) == 0
+    assert await redis.eval(scripts.RENEW_LEASE, 1, rk, new, 1000) == 1
