@@ -40,3 +40,27 @@ agent = Agent(
     instructions="You are the Slack latency benchmark agent.",
     tools=[delete_user],
 )
+
+
+def _dump_tasks_on_sigusr1(path: str) -> None:
+    """SLACK_BENCH_TASK_DUMP=FILE: ``kill -USR1`` a web or worker process of the benchmark to
+    write the stack of every pending asyncio task to FILE (for a process that stalls)."""
+    import asyncio
+    import gc
+    import io
+    import signal
+
+    def dump(signum: int, frame: object) -> None:
+        out = io.StringIO()
+        for obj in gc.get_objects():
+            if isinstance(obj, asyncio.Task) and not obj.done():
+                out.write(f"=== {obj.get_name()} {obj.get_coro()!r}\n")
+                obj.print_stack(limit=40, file=out)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"--- pid {os.getpid()} at {time.time():.3f}\n" + out.getvalue())
+
+    signal.signal(signal.SIGUSR1, dump)
+
+
+if os.environ.get("SLACK_BENCH_TASK_DUMP"):
+    _dump_tasks_on_sigusr1(os.environ["SLACK_BENCH_TASK_DUMP"])

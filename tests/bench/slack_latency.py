@@ -47,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -191,6 +191,7 @@ def base_env(redis_url: str, fakes: Fakes, journal: Path) -> dict[str, str]:
         "OPENAI_MODEL": "fake-model",
         "APPROVAL_TIMEOUT": "3600",
         "SLACK_BENCH_JOURNAL": str(journal),
+        "SLACK_BENCH_TASK_DUMP": str(journal.parent / "tasks.txt"),
     }
 
 
@@ -396,8 +397,14 @@ def clicks_with_doubles(
     return out
 
 
-async def wait_quiet(r: aioredis.Redis, keys: Keys, timeout: float) -> float:
-    """Until no job and no event is waiting or being handled (twice in a row); seconds taken."""
+async def wait_quiet(
+    r: aioredis.Redis,
+    keys: Keys,
+    timeout: float,
+    stuck: Callable[[], Awaitable[None]] | None = None,
+) -> float:
+    """Until no job and no event is waiting or being handled (three checks in a row); the
+    seconds it took. After ``timeout``: ``stuck()`` and -1 when given, else TimeoutError."""
     start = time.monotonic()
     quiet_in_a_row = 0
     while time.monotonic() - start < timeout:
@@ -412,7 +419,47 @@ async def wait_quiet(r: aioredis.Redis, keys: Keys, timeout: float) -> float:
         if quiet_in_a_row >= 3:
             return time.monotonic() - start
         await asyncio.sleep(0.2)
+    if stuck is not None:
+        await stuck()
+        return -1.0
     raise TimeoutError(f"the system did not go quiet within {timeout} s")
+
+
+async def stuck_report(
+    res: Results, name: str, r: aioredis.Redis, keys: Keys, procs: Sequence[Proc], dump: Path
+) -> None:
+    """The system did not go quiet: record what is pending, and each process's asyncio tasks
+    (SIGUSR1: tests/bench/slack_agent.py writes them to ``dump``)."""
+    pending: list[str] = []
+    for stream, group in ((keys.jobs(), "workers"), (keys.events(), "bot")):
+        with contextlib.suppress(aioredis.ResponseError):
+            for p in await r.xpending_range(stream, group, "-", "+", 5):
+                entry = await r.xrange(stream, p["message_id"], p["message_id"])
+                kind = entry[0][1].get("type") if entry else "?"
+                pending.append(f"{group}: {kind} delivered {p['times_delivered']} times")
+    locks = await r.keys(keys.ext("slack-lock", "*"))
+    res.checks.append(
+        (
+            f"the system went quiet after {name} (no job or event left pending)",
+            False,
+            "; ".join(pending) + f"; card locks held: {len(locks)}",
+        )
+    )
+    for p in procs:
+        with contextlib.suppress(OSError):
+            os.kill(p.pid, signal.SIGUSR1)
+    await asyncio.sleep(2)
+    kept = _keep_dump(dump)
+    print(f"  STUCK after {name}: {'; '.join(pending)}; asyncio tasks: {kept}")
+
+
+def _keep_dump(dump: Path) -> Path | None:
+    """Copy the task dump out of the work directory (which is removed at the end)."""
+    if not dump.exists():
+        return None
+    keep = Path(tempfile.gettempdir()) / f"slack_stuck_tasks_{int(time.time())}.txt"
+    keep.write_text(dump.read_text(errors="replace"))
+    return keep
 
 
 def read_journal(path: Path) -> dict[str, list[float]]:
@@ -569,6 +616,10 @@ async def bench(cfg: Config, workdir: Path) -> Results:
             client = SlackClient(url + "/slack/events", SECRET)
             loader = Loader(client.url)
 
+            def stuck_of(phase: str) -> Callable[[], Awaitable[None]]:
+                dump = Path(env["SLACK_BENCH_TASK_DUMP"])
+                return lambda: stuck_report(res, phase, r, keys, procs, dump)
+
             # 1. open the gates through the real slash command, paced
             user_runs = keys.user_runs(REQUESTER)
             print(f"opening {cfg.gates_needed} gates with /agent at {cfg.open_rate:.0f}/s …")
@@ -648,7 +699,9 @@ async def bench(cfg: Config, workdir: Path) -> Results:
                 if profiler is not None:
                     for pname, path in profiler.wait().items():
                         res.profiles[pname] = summarize_profile(path)
-                await collect_downstream(res, name, samples, paced_gates, journal, fakes, r, keys)
+                await collect_downstream(
+                    res, name, samples, paced_gates, journal, fakes, r, keys, stuck_of(name)
+                )
                 res.cpu_per_click[name] = meter.per(len(reqs))
                 res.errors[name] = errors_logged(procs, mark)
 
@@ -666,7 +719,9 @@ async def bench(cfg: Config, workdir: Path) -> Results:
                 samples = await loader.burst(reqs)
                 res.phases[name] = samples
                 clicked += [g.index for g in burst_gates]
-                await collect_downstream(res, name, samples, burst_gates, journal, fakes, r, keys)
+                await collect_downstream(
+                    res, name, samples, burst_gates, journal, fakes, r, keys, stuck_of(name)
+                )
                 res.errors[name] = errors_logged(procs, mark)
 
             # 2b. bursts of slash commands
@@ -818,13 +873,15 @@ async def collect_downstream(
     fakes: Fakes,
     r: aioredis.Redis,
     keys: Keys,
+    stuck: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Click → tool start and click → card updated, for the first click of each gate."""
     firsts = {s.index: s for s in samples if s.kind == "first"}
     # Quiet = no job or event waiting or in flight: every tool that will run has run.
-    await wait_quiet(r, keys, timeout=300)
-    j = await wait_journal(journal, {f"u{i}" for i in firsts}, timeout=5)
-    await wait_quiet(r, keys, timeout=300)
+    if await wait_quiet(r, keys, timeout=120, stuck=stuck) >= 0:
+        await wait_journal(journal, {f"u{i}" for i in firsts}, timeout=5)
+        await wait_quiet(r, keys, timeout=120, stuck=stuck)
+    j = read_journal(journal)
     decided = fakes.stats()["decided_at"]
     by_index = {g.index: g for g in gates}
     # The gate's decided_at is Redis' clock (TIME, unix seconds): move it to ours.
