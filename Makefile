@@ -8,7 +8,8 @@ VPY         := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-# The Redis that `make run` starts when REDIS_URL is unset (append-only, kept in ./var/redis).
+# The Redis that `make run` starts when REDIS_URL is unset (append-only with `appendfsync
+# always`: an acknowledged decision survives a crash of the machine; kept in ./var/redis).
 RUN_REDIS_PORT := 6380
 RUN_REDIS_DIR  := $(CURDIR)/var/redis
 RUN_REDIS_PID  := $(RUN_REDIS_DIR)/redis-server.pid
@@ -89,7 +90,7 @@ run: install redis-check
 	    echo "make run: reusing the redis-server answering on 127.0.0.1:$(RUN_REDIS_PORT)"; \
 	  else \
 	    redis-server --port $(RUN_REDIS_PORT) --bind 127.0.0.1 \
-	      --appendonly yes --appendfsync everysec --dir "$(RUN_REDIS_DIR)" \
+	      --appendonly yes --appendfsync always --dir "$(RUN_REDIS_DIR)" \
 	      --logfile "$(RUN_REDIS_DIR)/redis-server.log" \
 	      --daemonize yes --pidfile "$(RUN_REDIS_PID)"; \
 	    for _ in $$(seq 50); do $(RUN_REDIS_PING) && break; sleep 0.1; done; \
