@@ -10,12 +10,34 @@ wrong, so the run fails at once with that message instead of being retried as a 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+# Things that look like credentials, as providers echo them (masked or not) in errors.
+_SECRETS = re.compile(
+    r"\b(?:sk|rk|pk)-[A-Za-z0-9_\-*.…]{6,}"  # OpenAI-style keys, masked ones included
+    r"|\bxox[abposr]-[A-Za-z0-9\-]+"  # Slack tokens
+    r"|\bxapp-[A-Za-z0-9\-]+"
+    r"|(?i:bearer)\s+[A-Za-z0-9_\-.=:+/]{8,}"
+)
+
 
 class ModelResponseError(Exception):
-    """The model endpoint answered, but not with a usable completion."""
+    """The model endpoint answered, but not with a usable completion.
+
+    ``retryable`` when the body reports a provider failure worth trying again (a relayed
+    5xx or 429).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def redact_secrets(text: str) -> str:
+    """``text`` with anything that looks like an API key or token replaced by ``[redacted]``."""
+    return _SECRETS.sub("[redacted]", text)
 
 
 @dataclass(frozen=True)
@@ -34,6 +56,7 @@ class Completion:
     content: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
+    refusal: str | None = None
 
 
 def clean_text(text: str) -> str:
@@ -70,7 +93,10 @@ def parse_completion(data: Any) -> Completion:
         )
     err = data.get("error")
     if err and not data.get("choices"):
-        raise ModelResponseError(f"the model provider returned an error: {_error_text(err)}")
+        raise ModelResponseError(
+            f"the model provider returned an error: {_error_text(err)}",
+            retryable=_retryable(err),
+        )
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices:
         raise ModelResponseError("the response had no choices")
@@ -86,8 +112,12 @@ def parse_completion(data: Any) -> Completion:
         raise ModelResponseError("the message's tool_calls is not a list")
     calls = [_tool_call(i, c) for i, c in enumerate(raw_calls)]
     reason = choice.get("finish_reason")
+    refusal = msg.get("refusal")
     return Completion(
-        content=content, tool_calls=calls, finish_reason=reason if isinstance(reason, str) else None
+        content=content,
+        tool_calls=calls,
+        finish_reason=reason if isinstance(reason, str) else None,
+        refusal=clean_text(refusal) if isinstance(refusal, str) and refusal else None,
     )
 
 
@@ -143,3 +173,12 @@ def _error_text(err: Any) -> str:
         text = str(message) if message else json.dumps(err)[:300]
         return f"{text} (code {code})" if code not in (None, "") else text
     return str(err)[:300]
+
+
+def _retryable(err: Any) -> bool:
+    code = err.get("code") if isinstance(err, dict) else None
+    try:
+        n = int(code)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return code in ("rate_limit_exceeded", "server_error", "overloaded")
+    return n == 429 or 500 <= n <= 599

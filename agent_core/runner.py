@@ -11,6 +11,7 @@ point leaves a run that another worker resumes from Redis alone:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -25,7 +26,15 @@ from redis.asyncio import Redis
 
 from . import messages, scripts
 from .agent import Agent
-from .completions import ModelResponseError, ToolCall, clean_text, parse_completion, parse_text_body
+from .completions import (
+    Completion,
+    ModelResponseError,
+    ToolCall,
+    clean_text,
+    parse_completion,
+    parse_text_body,
+    redact_secrets,
+)
 from .exceptions import LeaseLost
 from .gateway import new_gate_id, pairs
 from .keys import Keys
@@ -58,6 +67,28 @@ def _now() -> str:
     return f"{time.time():.6f}"
 
 
+def _unusable_answer(c: Completion) -> str | None:
+    """Why a final answer cannot be shown as an answer (a provider's filter), or None."""
+    if c.finish_reason == "content_filter" and not (c.content or "").strip():
+        return (
+            "the model provider's content filter blocked the answer (finish_reason "
+            "content_filter); nothing was answered"
+        )
+    return None
+
+
+def _final_text(c: Completion) -> tuple[str, bool]:
+    """The final answer as the user should read it, and whether it was cut off."""
+    text = c.content or ""
+    if not text.strip() and c.refusal:
+        return f"The model refused: {c.refusal}", False
+    if c.finish_reason == "length":
+        return text + "\n\n[cut off: the answer reached the model's output limit]", True
+    if c.finish_reason == "content_filter":
+        return text + "\n\n[cut off by the model provider's content filter]", True
+    return text, False
+
+
 def _lost(reply: Any) -> bool:
     return reply == "lost" or (isinstance(reply, list) and reply[:1] == ["lost"])
 
@@ -81,6 +112,7 @@ class Runner:
         events_maxlen: int = 100_000,
         max_turns: int = 30,
         max_calls_per_turn: int = 64,
+        model_retries: int = 3,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -91,6 +123,7 @@ class Runner:
         self.maxlen = events_maxlen
         self.max_turns = max_turns
         self.max_calls_per_turn = max_calls_per_turn
+        self.model_retries = model_retries
         self._begin = redis.register_script(scripts.BEGIN_RUN)
         self._record = redis.register_script(scripts.RECORD_TURN)
         self._claim = redis.register_script(scripts.CLAIM_CALL)
@@ -136,7 +169,7 @@ class Runner:
         Only the holder of the run's lease can; :class:`LeaseLost` otherwise.
         """
         k = self.keys
-        error = clean_text(error)
+        error = redact_secrets(clean_text(error))
         origin = await self.redis.hget(k.run(run_id), "origin") or "{}"
         data = json.dumps({"run_id": run_id, "error": error, "origin": json.loads(origin)})
         for _ in range(10):
@@ -180,14 +213,7 @@ class Runner:
         if self._tools_param:
             request["tools"] = self._tools_param
         try:
-            # Not chat.completions.create(): its parameter transform walks every message in
-            # Python (~160 ms of event-loop time at 1,000 messages, measured); the history
-            # is already plain JSON. Same endpoint, retries and errors. The body is read as
-            # plain JSON and checked here: a 200 is not always a completion.
-            body = await self.client.post("/chat/completions", body=request, cast_to=object)
-            if isinstance(body, str):
-                body = parse_text_body(body)
-            completion = parse_completion(body)
+            completion = await self._complete_model(request)
         except openai.APIError as exc:
             # The client already retried 429/5xx/connection errors with backoff.
             status = getattr(exc, "status_code", None)
@@ -199,22 +225,24 @@ class Runner:
         except ModelResponseError as exc:
             await self.fail(run_id, f"model API error: {exc}", fence)
             return None
-        except ValueError as exc:  # a body labelled JSON that is not JSON
-            await self.fail(
-                run_id,
-                f"model API error: the model endpoint returned invalid JSON ({exc}); "
-                "check OPENAI_BASE_URL",
-                fence,
-            )
-            return None
+        if not completion.tool_calls:
+            refused = _unusable_answer(completion)
+            if refused is not None:
+                await self.fail(run_id, refused, fence)
+                return None
         calls = completion.tool_calls
         assistant: dict[str, Any] = {"role": "assistant", "content": completion.content}
         fields: list[str] = []
         if calls:
             assistant["tool_calls"], fields = self._plan_calls(turn + 1, calls)
-        final = completion.content or ""
+        final, truncated = _final_text(completion)
         completed = json.dumps(
-            {"run_id": run_id, "final": final, "origin": json.loads(run.get("origin") or "{}")}
+            {
+                "run_id": run_id,
+                "final": final,
+                "truncated": truncated,
+                "origin": json.loads(run.get("origin") or "{}"),
+            }
         )
         after = await self._record(
             keys=[
@@ -239,6 +267,29 @@ class Runner:
         if _lost(after):
             raise LeaseLost(run_id)
         return pairs(after) if after else None
+
+    async def _complete_model(self, request: dict[str, Any]) -> Completion:
+        """One completion; a provider failure relayed in a 200 (5xx, 429) is tried again."""
+        for attempt in range(self.model_retries + 1):
+            try:
+                # Not chat.completions.create(): its parameter transform walks every message
+                # in Python (~160 ms of event-loop time at 1,000 messages, measured); the
+                # history is already plain JSON. Same endpoint, retries and errors. The body
+                # is read as plain JSON and checked here: a 200 is not always a completion.
+                body = await self.client.post("/chat/completions", body=request, cast_to=object)
+                if isinstance(body, str):
+                    body = parse_text_body(body)
+                return parse_completion(body)
+            except ValueError as exc:  # a body labelled JSON that is not JSON
+                raise ModelResponseError(
+                    f"the model endpoint returned invalid JSON ({exc}); check OPENAI_BASE_URL"
+                ) from exc
+            except ModelResponseError as exc:
+                if not exc.retryable or attempt >= self.model_retries:
+                    raise
+                log.info("model provider error (%s); retrying", exc)
+                await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
+        raise AssertionError("unreachable")
 
     def _plan_calls(
         self, turn: int, calls: list[ToolCall]

@@ -283,7 +283,7 @@ class FakeOpenAI:
         self._scripts: dict[str, list[Step]] = {}
         self._requests: list[dict[str, Any]] = []
         self._errors: list[str] = []
-        self._pending_failures: list[tuple[int, float | None]] = []
+        self._pending_failures: list[tuple[int, float | None, dict[str, Any] | None]] = []
         self._failures_served = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -402,7 +402,15 @@ class FakeOpenAI:
         if status < 400:
             raise ValueError("status must be an HTTP error status")
         with self._lock:
-            self._pending_failures.extend([(status, retry_after)] * n)
+            self._pending_failures.extend([(status, retry_after, None)] * n)
+
+    def error_next(self, n: int, error: Mapping[str, Any]) -> None:
+        """Answer the next ``n`` chat requests with a 200 whose body is ``{"error": error}``,
+        as OpenRouter relays a provider's failure. Counted like :meth:`fail_next`."""
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        with self._lock:
+            self._pending_failures.extend([(200, None, {"error": dict(error)})] * n)
 
     def reset(self) -> None:
         """Forget scripts, recorded requests, errors and pending or served failures."""
@@ -551,7 +559,11 @@ class FakeOpenAI:
             return web.Response(status=status, content_type=ctype, text=text)
         return web.json_response(self._completion(body, step))
 
-    def _injected_failure(self, status: int, retry_after: float | None) -> web.Response:
+    def _injected_failure(
+        self, status: int, retry_after: float | None, body_200: dict[str, Any] | None
+    ) -> web.Response:
+        if body_200 is not None:
+            return web.json_response(body_200, status=status)
         headers: dict[str, str] = {}
         if retry_after is not None:
             headers["Retry-After"] = (

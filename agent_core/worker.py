@@ -73,6 +73,7 @@ class Worker:
             events_maxlen=settings.events_maxlen,
             max_turns=settings.max_turns,
             max_calls_per_turn=settings.max_calls_per_turn,
+            model_retries=settings.openai_max_retries,
         )
         lease_ms = int(settings.worker_lease * 1000)
         self.lease_ms = lease_ms

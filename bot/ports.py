@@ -32,7 +32,13 @@ class GatewayLike(Protocol):
     async def runs_for_user(self, user_id: str, limit: int = ...) -> list[Run]: ...
 
     async def decide(
-        self, gate_id: str, decision: Decision, by: str, reason: str | None = ...
+        self,
+        gate_id: str,
+        decision: Decision,
+        by: str,
+        reason: str | None = ...,
+        *,
+        args_hash: str | None = ...,
     ) -> DecideResult: ...
 
     async def cancel_run(self, run_id: str, by: str, reason: str | None = ...) -> Run: ...
