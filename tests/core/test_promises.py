@@ -363,8 +363,8 @@ async def test_tool_output_that_is_not_valid_unicode_is_cleaned_not_in_doubt(
         ),
         ({"id": "x", "object": "chat.completion", "choices": []}, "the response had no choices"),
         (
-            {"error": {"message": "Provider returned error", "code": 502}},
-            "the model provider returned an error: Provider returned error (code 502)",
+            {"error": {"message": "Provider returned error", "code": 400}},
+            "the model provider returned an error: Provider returned error (code 400)",
         ),
         (
             {"choices": [{"message": {"role": "assistant", "content": 42}}]},
