@@ -1,7 +1,10 @@
 """Button clicks and the deny-reason modal.
 
-Every handler calls ``ack()`` first. The decision itself is one atomic call into the core
-(Redis), made before any card update, so a Slack failure afterwards never loses it.
+Every handler acknowledges within Slack's 3 s. A decision is one atomic call into the core
+(Redis), made before any card update, so a Slack failure afterwards never loses it; Approve
+and the deny form are acknowledged once that call is durable, or after ACK_BUDGET_SECONDS
+with the clicker told that nothing is recorded yet. Approve and Deny carry
+``<gate id>:<arguments hash>``: the core decides only when the hash is the gate's.
 """
 
 from __future__ import annotations
@@ -11,11 +14,12 @@ import json
 import logging
 import re
 from collections.abc import Awaitable
+from dataclasses import dataclass, field
 from typing import Any
 
-from slack_bolt.async_app import AsyncApp
+from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 
-from agent_core.exceptions import GateNotFound
+from agent_core.exceptions import ArgsHashMismatch, GateNotFound
 from agent_core.models import Decision, Gate, GateStatus
 
 from . import cards
@@ -27,6 +31,38 @@ log = logging.getLogger(__name__)
 ACK_BUDGET_SECONDS = 2.0
 UNKNOWN_GATE = "This approval request does not exist (or no longer exists), so nothing was decided."
 MALFORMED = "That request was malformed, so nothing was decided."
+NO_HASH = (
+    "This button does not say which arguments it approves (the card predates an update), "
+    "so nothing was decided. The card now shows the current arguments: check them and click "
+    "*Approve* again."
+)
+NOT_RECORDED_YET = (
+    "⚠️ Your {what} has not been recorded yet: the approval service is not answering. The card "
+    "shows the outcome once it is; if it still shows the buttons in a minute, click again."
+)
+NOT_RECORDED_FORM = (
+    "⚠️ Your denial could not be recorded yet: the approval service is not answering. "
+    "Try again in a moment."
+)
+RECORDED_NOW = "✅ Your {what} is recorded now."
+
+
+@dataclass
+class Outcome:
+    """What became of one click, for the handler that must acknowledge it in time."""
+
+    durable: asyncio.Event = field(default_factory=asyncio.Event)  # decision stored in Redis
+    applied: bool = False  # this click's decision is the gate's
+    channel: str | None = None  # where the clicker can be told
+
+
+def mismatch(clicked: str, gate: Gate) -> str:
+    return (
+        "The arguments on this card do not match this request's (hash "
+        f"`{cards.escape(cards.short_hash(clicked))}` on the card, "
+        f"`{cards.args_hash_short(gate)}` in the "
+        "request), so nothing was decided."
+    )
 
 
 def already_decided(gate: Gate) -> str:
@@ -37,6 +73,8 @@ def already_decided(gate: Gate) -> str:
             f"This request already expired (no decision within {cards.fmt_duration(gate.timeout)}); "
             "the tool call was not executed."
         )
+    if cards.closed_by_failure(gate):
+        return f"This request was closed — {cards.closed_line(gate)}; it was not executed."
     if s is GateStatus.CANCELLED:
         return f"This request was cancelled with its run (by {cards.user(gate.decided_by)}); nothing was executed."
     verb = "approved" if s is GateStatus.APPROVED else "denied"
@@ -63,7 +101,41 @@ def _channel(body: dict[str, Any]) -> str | None:
             c = holder.get("channel_id") or holder.get("id")
             if isinstance(c, str) and c:
                 return c
-    return None
+    meta = _metadata(body)  # a deny form carries its card's channel
+    c = meta.get("channel") if meta else None
+    return c if isinstance(c, str) and c else None
+
+
+def _metadata(body: dict[str, Any]) -> dict[str, Any] | None:
+    view = body.get("view")
+    raw = view.get("private_metadata") if isinstance(view, dict) else None
+    try:
+        meta = json.loads(raw) if isinstance(raw, str) and raw else None
+    except ValueError:
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def home_team(body: dict[str, Any], context: AsyncBoltContext | None) -> str | None:
+    """The workspace the app is installed in: ``auth.test``'s team id, as Bolt learnt it at
+    start; failing that, the installation's team in the payload."""
+    auth = context.authorize_result if context is not None else None
+    if auth is not None and isinstance(auth.team_id, str) and auth.team_id:
+        return auth.team_id
+    view = body.get("view")
+    if isinstance(view, dict) and isinstance(view.get("app_installed_team_id"), str):
+        return str(view["app_installed_team_id"])
+    team = body.get("team")
+    t = team.get("id") if isinstance(team, dict) else None
+    return t if isinstance(t, str) and t else None
+
+
+def is_external(body: dict[str, Any], home: str | None) -> bool:
+    """The clicker belongs to another workspace (Slack Connect). Fails closed: a payload
+    without the user's team, or an unknown home team, counts as external."""
+    u = body.get("user")
+    team = u.get("team_id") if isinstance(u, dict) else None
+    return not (isinstance(team, str) and team and home and team == home)
 
 
 class GateActions:
@@ -71,17 +143,19 @@ class GateActions:
         self.ctx = ctx
 
     async def _load(
-        self, body: dict[str, Any], respond: Any, *, approve: bool
-    ) -> tuple[str, Gate] | None:
-        """The clicker and the gate, if they may decide it now; otherwise tell them why."""
-        user_id, gate_id, channel = _user_id(body), _action_value(body), _channel(body)
+        self, body: dict[str, Any], respond: Any, *, approve: bool, external: bool
+    ) -> tuple[str, Gate, str | None] | None:
+        """The clicker, the gate and the hash on the button, if they may decide it now;
+        otherwise tell them why."""
+        user_id, value, channel = _user_id(body), _action_value(body), _channel(body)
         tell = self.ctx.publisher.tell
         if user_id is None:
             log.warning("click without a user id ignored")
             return None
-        if gate_id is None:
+        if value is None:
             await tell(user_id, MALFORMED, channel=channel, respond=respond)
             return None
+        gate_id, clicked_hash = cards.parse_button_value(value)
         gate = await self.ctx.gateway.get_gate(gate_id)
         if gate is None:
             await tell(user_id, UNKNOWN_GATE, channel=channel, respond=respond)
@@ -90,31 +164,50 @@ class GateActions:
             await tell(user_id, already_decided(gate), channel=channel, respond=respond)
             await self._refresh(gate.gate_id)  # the card may be stale: make it tell the truth
             return None
-        why = await self.ctx.approvers.why_not_decide(user_id, gate, approve=approve)
+        why = await self.ctx.approvers.why_not_decide(
+            user_id, gate, approve=approve, external=external
+        )
         if why is not None:
             await tell(user_id, why, channel=channel, respond=respond)
             return None
-        return user_id, gate
+        if approve and clicked_hash is None:
+            # A card posted before buttons carried the hash: re-render it with hashed buttons.
+            await tell(user_id, NO_HASH, channel=channel, respond=respond)
+            await self._refresh(gate.gate_id)
+            return None
+        return user_id, gate, clicked_hash
 
     async def approve(
-        self, body: dict[str, Any], respond: Any, decided: asyncio.Event | None = None
+        self,
+        body: dict[str, Any],
+        respond: Any,
+        outcome: Outcome | None = None,
+        *,
+        external: bool = True,
     ) -> None:
-        loaded = await self._load(body, respond, approve=True)
+        loaded = await self._load(body, respond, approve=True, external=external)
         if loaded is None:
             return
-        user_id, gate = loaded
-        await self._decide(user_id, gate, Decision.APPROVE, None, _channel(body), respond, decided)
+        user_id, gate, clicked_hash = loaded
+        await self._decide(
+            user_id, gate, Decision.APPROVE, None, clicked_hash, _channel(body), respond, outcome
+        )
 
-    async def deny_clicked(self, body: dict[str, Any], respond: Any) -> None:
-        loaded = await self._load(body, respond, approve=False)
+    async def deny_clicked(
+        self, body: dict[str, Any], respond: Any, *, external: bool = True
+    ) -> None:
+        loaded = await self._load(body, respond, approve=False, external=external)
         if loaded is None:
             return
-        user_id, gate = loaded
+        user_id, gate, clicked_hash = loaded
         channel = _channel(body)
-        meta = json.dumps({"gate_id": gate.gate_id, "channel": channel or ""})
+        meta = {"gate_id": gate.gate_id, "channel": channel or ""}
+        if clicked_hash is not None:
+            meta["args_hash"] = clicked_hash
         try:
             await self.ctx.client.views_open(
-                trigger_id=str(body.get("trigger_id") or ""), view=cards.deny_modal(gate, meta)
+                trigger_id=str(body.get("trigger_id") or ""),
+                view=cards.deny_modal(gate, json.dumps(meta)),
             )
         except Exception as exc:
             log.warning("views.open failed: %s", slack_error(exc))
@@ -126,7 +219,7 @@ class GateActions:
             )
 
     async def deny_submitted(
-        self, body: dict[str, Any], decided: asyncio.Event | None = None
+        self, body: dict[str, Any], outcome: Outcome | None = None, *, external: bool = True
     ) -> None:
         user_id = _user_id(body)
         raw_view = body.get("view")
@@ -135,11 +228,14 @@ class GateActions:
             meta = json.loads(view.get("private_metadata") or "")
             gate_id = str(meta["gate_id"])
             channel = str(meta.get("channel") or "") or None
-        except (ValueError, KeyError, TypeError):
+            clicked_hash = meta.get("args_hash")
+        except (ValueError, KeyError, TypeError, AttributeError):
             log.warning("deny form without usable private_metadata ignored")
             return
         if user_id is None:
             return
+        if not isinstance(clicked_hash, str) or not clicked_hash:
+            clicked_hash = None  # a form opened before buttons carried the hash
         reason = _reason(view)
         tell = self.ctx.publisher.tell
         gate = await self.ctx.gateway.get_gate(gate_id)
@@ -151,16 +247,21 @@ class GateActions:
             await tell(user_id, already_decided(gate), channel=channel)
             await self._refresh(gate_id)
             return
-        why = await self.ctx.approvers.why_not_decide(user_id, gate, approve=False)
+        why = await self.ctx.approvers.why_not_decide(
+            user_id, gate, approve=False, external=external
+        )
         if why is not None:
             await tell(user_id, why, channel=channel)
             return
-        await self._decide(user_id, gate, Decision.DENY, reason, channel, None, decided)
+        await self._decide(
+            user_id, gate, Decision.DENY, reason, clicked_hash, channel, None, outcome
+        )
 
     async def show_args(self, body: dict[str, Any], respond: Any) -> None:
-        user_id, gate_id = _user_id(body), _action_value(body)
+        user_id, value = _user_id(body), _action_value(body)
         if user_id is None:
             return
+        gate_id = cards.parse_button_value(value)[0] if value else None
         gate = await self.ctx.gateway.get_gate(gate_id) if gate_id else None
         if gate is None:
             await self.ctx.publisher.tell(
@@ -180,25 +281,34 @@ class GateActions:
         gate: Gate,
         decision: Decision,
         reason: str | None,
+        clicked_hash: str | None,
         channel: str | None,
         respond: Any,
-        decided: asyncio.Event | None = None,
+        outcome: Outcome | None = None,
     ) -> None:
+        tell = self.ctx.publisher.tell
         try:
             result = await self.ctx.gateway.decide(
-                gate.gate_id, decision, by=user_id, reason=reason
+                gate.gate_id, decision, by=user_id, reason=reason, args_hash=clicked_hash
             )
-            if decided is not None:
-                decided.set()  # durable in Redis: the click may be acknowledged now
         except GateNotFound:
-            await self.ctx.publisher.tell(user_id, UNKNOWN_GATE, channel=channel, respond=respond)
+            await tell(user_id, UNKNOWN_GATE, channel=channel, respond=respond)
             return
+        except ArgsHashMismatch:
+            await tell(
+                user_id, mismatch(clicked_hash or "", gate), channel=channel, respond=respond
+            )
+            await self._refresh(gate.gate_id)
+            return
+        if outcome is not None:
+            outcome.channel = channel
+            outcome.durable.set()  # durable in Redis: the click may be acknowledged now
         # Not applied: someone was first. Applied but not what was asked: the deadline had
         # passed, so the click expired the gate instead.
         if not result.applied or result.gate.status is not decision.status:
-            await self.ctx.publisher.tell(
-                user_id, already_decided(result.gate), channel=channel, respond=respond
-            )
+            await tell(user_id, already_decided(result.gate), channel=channel, respond=respond)
+        elif outcome is not None:
+            outcome.applied = True
         await self._refresh(gate.gate_id)
 
     async def _refresh(self, gate_id: str) -> None:
@@ -244,34 +354,53 @@ async def _guard(
             await ctx.publisher.tell(user_id, UNAVAILABLE, channel=_channel(body), respond=respond)
 
 
+async def _settled_in_time(task: asyncio.Future[None], outcome: Outcome) -> bool:
+    """Wait until the click's decision is durable in Redis or its handler is done, for at
+    most ACK_BUDGET_SECONDS (Slack's limit is 3 s); ``False`` if neither happened."""
+    waiter = asyncio.ensure_future(outcome.durable.wait())
+    either: set[asyncio.Future[Any]] = {task, waiter}
+    await asyncio.wait(either, timeout=ACK_BUDGET_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    return task.done() or outcome.durable.is_set()
+
+
 def register(app: AsyncApp, ctx: BotContext) -> None:
     actions = GateActions(ctx)
+    tell = ctx.publisher.tell
 
-    async def decide_then_ack(ack: Any, work: Any, decided: asyncio.Event) -> None:
-        # A decision is acknowledged once it is durable in Redis (one script, ~1 ms), so a
-        # web process dying right after Slack showed the click as received cannot lose it.
-        # Never later than ACK_BUDGET_SECONDS: Slack's limit is 3 s.
-        async with ctx.busy():
-            task = asyncio.ensure_future(work)
-            waiter = asyncio.ensure_future(decided.wait())
-            await asyncio.wait(
-                {task, waiter}, timeout=ACK_BUDGET_SECONDS, return_when=asyncio.FIRST_COMPLETED
-            )
-            waiter.cancel()
-            await ack()
-            await task
+    # A decision is acknowledged once it is durable in Redis (one script, ~1 ms), so a web
+    # process dying right after Slack showed the click as received cannot lose it. When Redis
+    # does not answer within the budget, the ack still goes out, and the clicker is told
+    # that nothing is recorded yet, instead of an ack that looks like success.
 
     @app.action(cards.APPROVE_ACTION)
-    async def on_approve(ack: Any, body: dict[str, Any], respond: Any) -> None:
-        decided = asyncio.Event()
-        work = _guard(ctx, body, respond, actions.approve(body, respond, decided))
-        await decide_then_ack(ack, work, decided)
+    async def on_approve(
+        ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
+    ) -> None:
+        outcome = Outcome()
+        external = is_external(body, home_team(body, context))
+        user_id, channel = _user_id(body), _channel(body)
+        async with ctx.busy():
+            work = actions.approve(body, respond, outcome, external=external)
+            task = asyncio.ensure_future(_guard(ctx, body, respond, work))
+            settled = await _settled_in_time(task, outcome)
+            await ack()
+            if not settled and user_id:
+                late = NOT_RECORDED_YET.format(what="approval")
+                await tell(user_id, late, channel=channel, respond=respond)
+            await task
+            if not settled and outcome.applied and user_id:
+                now = RECORDED_NOW.format(what="approval")
+                await tell(user_id, now, channel=channel, respond=respond)
 
     @app.action(cards.DENY_ACTION)
-    async def on_deny(ack: Any, body: dict[str, Any], respond: Any) -> None:
+    async def on_deny(
+        ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
+    ) -> None:
         await ack()
+        external = is_external(body, home_team(body, context))
         async with ctx.busy():
-            await _guard(ctx, body, respond, actions.deny_clicked(body, respond))
+            await _guard(ctx, body, respond, actions.deny_clicked(body, respond, external=external))
 
     @app.action(cards.ARGS_ACTION)
     async def on_args(ack: Any, body: dict[str, Any], respond: Any) -> None:
@@ -280,10 +409,22 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
             await _guard(ctx, body, respond, actions.show_args(body, respond))
 
     @app.view(cards.DENY_CALLBACK)
-    async def on_deny_reason(ack: Any, body: dict[str, Any]) -> None:
-        decided = asyncio.Event()
-        work = _guard(ctx, body, None, actions.deny_submitted(body, decided))
-        await decide_then_ack(ack, work, decided)
+    async def on_deny_reason(ack: Any, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        outcome = Outcome()
+        external = is_external(body, home_team(body, context))
+        async with ctx.busy():
+            work = actions.deny_submitted(body, outcome, external=external)
+            task = asyncio.ensure_future(_guard(ctx, body, None, work))
+            settled = await _settled_in_time(task, outcome)
+            if settled:
+                await ack()
+            else:  # the form stays open, saying so
+                await ack(response_action="errors", errors={cards.REASON_BLOCK: NOT_RECORDED_FORM})
+            await task
+            user_id = _user_id(body)
+            if not settled and outcome.applied and user_id:
+                now = RECORDED_NOW.format(what="denial") + " You can close the form."
+                await tell(user_id, now, channel=outcome.channel)
 
     # Registered last: Bolt tries listeners in order, so this only catches the rest.
     @app.action(re.compile(r".*"))

@@ -1,7 +1,9 @@
 """Who may decide gates: APPROVERS = user IDs, user-group IDs and/or ``*``.
 
 Authorization fails closed: an empty list approves nobody, and a user group whose members
-cannot be looked up counts as empty until the lookup works again.
+cannot be looked up counts as empty until the lookup works again. ``*`` means the members of
+the app's own workspace: someone from another organization in a Slack Connect channel is
+covered only when ALLOW_EXTERNAL_APPROVERS is on (or when listed by user ID or user group).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Approvers:
         client: AsyncWebClient,
         *,
         allow_self_approval: bool = False,
+        allow_external: bool = False,
         cache_seconds: float = GROUP_CACHE_SECONDS,
     ) -> None:
         items = [s for s in spec if s]
@@ -39,6 +42,7 @@ class Approvers:
         self.users = frozenset(s for s in items if s[0] in "UW")
         self.groups = tuple(s for s in items if s[0] == "S")
         self.allow_self_approval = allow_self_approval
+        self.allow_external = allow_external
         self._client = client
         self._cache_seconds = cache_seconds
         self._cache: dict[str, tuple[float, frozenset[str] | None]] = {}
@@ -48,22 +52,26 @@ class Approvers:
     def configured(self) -> bool:
         return self.anyone or bool(self.users) or bool(self.groups)
 
-    async def is_approver(self, user_id: str) -> bool:
-        if self.anyone or user_id in self.users:
+    async def is_approver(self, user_id: str, *, external: bool = False) -> bool:
+        """``external``: the user belongs to another workspace (Slack Connect), whom ``*``
+        covers only with ``allow_external``."""
+        if user_id in self.users:
+            return True
+        if self.anyone and (not external or self.allow_external):
             return True
         for group in self.groups:
             if user_id in await self._members(group):
                 return True
         return False
 
-    async def why_not(self, user_id: str) -> str | None:
+    async def why_not(self, user_id: str, *, external: bool = False) -> str | None:
         """``None`` when the user is an approver, otherwise the reason to show them."""
         if not self.configured:
             return (
                 "No approvers are configured (APPROVERS is empty), so nobody can approve "
                 "or deny tool calls. Ask your Slack admin to set APPROVERS."
             )
-        if await self.is_approver(user_id):
+        if await self.is_approver(user_id, external=external):
             return None
         failed = [g for g in self.groups if g in self._cache and self._cache[g][1] is None]
         if failed:
@@ -71,13 +79,21 @@ class Approvers:
                 "You are not on the approver list, and the approver user group could not be "
                 "checked just now. Try again in a moment."
             )
+        if self.anyone and external:
+            return (
+                "Your click came from another workspace (Slack Connect), or did not say which: "
+                "only members of this app's workspace may approve or deny here "
+                "(ALLOW_EXTERNAL_APPROVERS is off), so nothing was decided."
+            )
         return "You are not on the approver list for this agent (APPROVERS)."
 
-    async def why_not_decide(self, user_id: str, gate: Gate, *, approve: bool) -> str | None:
+    async def why_not_decide(
+        self, user_id: str, gate: Gate, *, approve: bool, external: bool = False
+    ) -> str | None:
         """``None`` if the user may approve (``approve=True``) or deny this gate.
 
         The requester may always deny their own call (as they may cancel the run), but
-        approve it only when self-approval is enabled.
+        approve it only when self-approval is enabled. ``external`` as for :meth:`is_approver`.
         """
         own = bool(gate.requested_by) and user_id == gate.requested_by
         if not approve and own:
@@ -87,7 +103,7 @@ class Approvers:
                 "You asked for this run, so someone else has to approve its tool calls "
                 "(self-approval is off: ALLOW_SELF_APPROVAL)."
             )
-        return await self.why_not(user_id)
+        return await self.why_not(user_id, external=external)
 
     async def _members(self, group: str) -> frozenset[str]:
         cached = self._cache.get(group)

@@ -52,12 +52,17 @@ class Card:
 
 @dataclass(frozen=True)
 class ToolResult:
-    """What the bot learnt from a ``tool.executed`` event."""
+    """What the bot learnt about an approved call: its ``tool.executed`` event, or from the
+    ``run.cancelled`` event, that it never ran or was still running at the cancel."""
 
     ok: bool
     output: str = ""
     in_doubt: bool = False
     skipped: str | None = None  # why an approved call never ran (e.g. its run was cancelled)
+    after_cancel: bool = False  # the call finished after its run was cancelled
+    # No outcome yet: the call was running when its run was cancelled (its tool.executed
+    # replaces this result when it comes).
+    running_at_cancel: bool = False
 
 
 # --------------------------------------------------------------------------- text helpers
@@ -141,7 +146,34 @@ def code_block(raw: str) -> str:
 
 def args_hash_short(gate: Gate) -> str:
     h = gate.args_hash or hashlib.sha256(pretty_args(gate.args).encode()).hexdigest()
+    return short_hash(h)
+
+
+def short_hash(h: str) -> str:
+    """The first 12 characters of an arguments hash, as cards show it."""
     return h.removeprefix("sha256:")[:12]
+
+
+def button_value(gate: Gate) -> str:
+    """What Approve and Deny carry: ``<gate id>:<args hash>``, so a click decides only the
+    arguments its card showed (the core refuses any other hash)."""
+    return f"{gate.gate_id}:{gate.args_hash}"
+
+
+def parse_button_value(value: str) -> tuple[str, str | None]:
+    """``"<gate id>:<hash>"`` → ``(gate id, hash)``; a value without a hash → ``(value, None)``."""
+    gate_id, sep, h = value.partition(":")
+    return gate_id, (h if sep and h else None)
+
+
+def closed_by_failure(gate: Gate) -> bool:
+    """A gate the core closed because its run failed (not cancelled by anyone)."""
+    return gate.status is GateStatus.CANCELLED and gate.closed_by_failure
+
+
+def closed_line(gate: Gate) -> str:
+    """``the run failed: <error>`` for a gate closed by its run's failure (escaped)."""
+    return clip_escaped(gate.reason or "the run failed", REASON_MAX + 100)
 
 
 # --------------------------------------------------------------------------- gate card
@@ -170,6 +202,8 @@ def outcome_line(gate: Gate) -> str:
         return line
     if s is GateStatus.EXPIRED:
         return f"⌛ *Expired* — no decision within {fmt_duration(gate.timeout)}, not executed"
+    if closed_by_failure(gate):
+        return f"✖️ *Closed* — {closed_line(gate)}; not executed"
     by = f" by {user(gate.decided_by)}" if gate.decided_by else ""
     line = f"✖️ *Cancelled* — the run was cancelled{by} at {fmt_date(gate.decided_at)}; not executed"
     if gate.reason:
@@ -185,15 +219,27 @@ def result_blocks(
     if result is None:
         return [_context("⚙️ Running…")]
     if result.skipped:
-        return [_section(f"⏹️ *Never ran* — not executed: {escape(clip(result.skipped, 500))}")]
+        return [_section(f"⏹️ *Never ran* — {escape(clip(result.skipped, 500))}; not executed")]
+    if result.running_at_cancel:
+        return [
+            _section("⚙️ *Was running when the run was cancelled*; its outcome will appear here")
+        ]
     if result.in_doubt:
+        after = " (after the run was cancelled)" if result.after_cancel else ""
         return [
             _section(
-                "⚠️ *In doubt* — the worker stopped while this call was running. It was not run "
-                "again automatically; check whether it took effect."
+                f"⚠️ *In doubt* — the worker stopped while this call was running{after}. It was "
+                "not run again automatically; check whether it took effect."
             )
         ]
-    label = "▶️ *Executed*" if result.ok else "⚠️ *The tool failed*"
+    if result.after_cancel:
+        label = (
+            "▶️ *Finished after the run was cancelled*"
+            if result.ok
+            else "⚠️ *The tool failed after the run was cancelled*"
+        )
+    else:
+        label = "▶️ *Executed*" if result.ok else "⚠️ *The tool failed*"
     out = result.output or ""
     if not out.strip():
         return [_section(label + " (no output)")]
@@ -215,7 +261,8 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
     text_limit = 300 if compact else DESCRIPTION_LIMIT
     pending = gate.status is GateStatus.PENDING
     tool = escape(gate.tool)
-    header = clip(f"{_HEADERS[gate.status]}: {gate.tool}", HEADER_LIMIT)
+    head = "✖️ Closed" if closed_by_failure(gate) else _HEADERS[gate.status]
+    header = clip(f"{head}: {gate.tool}", HEADER_LIMIT)
     fields = [
         _mrkdwn(f"*Agent*\n{clip_escaped(gate.agent or 'agent', 200)}"),
         _mrkdwn(f"*Requested by*\n{user(gate.requested_by)}"),
@@ -249,15 +296,15 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
     blocks.extend(result_blocks(gate, result, limit=text_limit if compact else RESULT_LIMIT))
     if pending:
         buttons = [
-            _button("Approve", APPROVE_ACTION, gate.gate_id, style="primary"),
-            _button("Deny", DENY_ACTION, gate.gate_id, style="danger"),
+            _button("Approve", APPROVE_ACTION, button_value(gate), style="primary"),
+            _button("Deny", DENY_ACTION, button_value(gate), style="danger"),
         ]
         if shown < len(raw):
             buttons.append(_button("View all arguments", ARGS_ACTION, gate.gate_id))
         blocks.append(
             {"type": "actions", "block_id": clip(f"gate:{gate.gate_id}", 255), "elements": buttons}
         )
-    verb = "Approval needed" if pending else _HEADERS[gate.status].split(" ", 1)[1]
+    verb = "Approval needed" if pending else head.split(" ", 1)[1]
     text = (
         f"{verb}: {clip(tool, 100)} (run {clip_escaped(gate.run_id, 100)}, "
         f"requested by {user(gate.requested_by)})"

@@ -1,4 +1,12 @@
-"""The slash command: ``/agent <task>``, ``help``, ``status``, ``cancel <run>``."""
+"""The slash command: ``/agent <task>``, ``help``, ``status``, ``cancel <run>``.
+
+``/agent <task>`` is acknowledged once its run is in Redis, or after ACK_BUDGET_SECONDS
+at the latest. An acknowledgement sent before the run was recorded says so (in the ack's
+own ephemeral text, which nothing can lose once Slack has it), and the person is then told
+through the response_url that the task started or that it did not: a task whose trigger
+could not be recorded within START_DEADLINE_SECONDS of the command is given up for good.
+If the process dies in between, the first message already told them what silence means.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +14,7 @@ import asyncio
 import html
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -22,7 +31,45 @@ log = logging.getLogger(__name__)
 
 MAX_TASK_CHARS = 2000
 ACK_BUDGET_SECONDS = 2.0
+# A task whose command could not even be recorded this long after it arrived is given up.
+START_DEADLINE_SECONDS = 30.0
 _CANCEL = re.compile(r"^cancel\s+(\S+)\s*$", re.IGNORECASE)
+
+NOT_RECORDED_YET = (
+    "⏳ Your task has not been recorded yet: the agent backend is slow to answer. I will "
+    "tell you here when it starts, or that it was not started. If you hear neither and no "
+    "message for it appears in this channel within {limit}, it was not started: run the "
+    "command again."
+)
+STARTED_LATE = "✅ Your task is recorded now and has started (run `{run}`): see its thread."
+NOT_STARTED_SLOW = (
+    "❌ Your task was not started: the agent backend could not record it within {limit}. "
+    "Nothing will run; try the command again shortly."
+)
+NOT_STARTED_STOPPING = (
+    "❌ Your task was not started: the server restarted before it was recorded. "
+    "Nothing will run; try the command again."
+)
+IN_DOUBT_STOPPING = (
+    "⚠️ The server restarted while recording your task. If its message in this channel does "
+    "not show a run within a minute, it was not started: try the command again."
+)
+REPEATED = "This request was already received, so it was not started a second time."
+BACKEND_DOWN = "The agent backend is unavailable right now. Try again shortly."
+
+
+def fmt_seconds(seconds: float) -> str:
+    return f"{seconds:.0f} seconds" if seconds < 120 else f"{seconds / 60:.0f} minutes"
+
+
+@dataclass
+class Progress:
+    """How far one ``/agent`` command got; shared by its handler and its acknowledgement."""
+
+    deadline: float  # loop time after which an unrecorded task is given up
+    late: bool = False  # acknowledged before its run was recorded (and told so)
+    committing: bool = False  # start_run was called: from here on the run may exist
+    run_id: str | None = None
 
 
 def parse_task(text: str) -> str:
@@ -53,17 +100,25 @@ class Commands:
         return None
 
     async def handle(
-        self, body: dict[str, Any], respond: Any, started: asyncio.Event | None = None
+        self,
+        body: dict[str, Any],
+        respond: Any,
+        started: asyncio.Event | None = None,
+        progress: Progress | None = None,
     ) -> None:
         """Run the command; ``started`` is set once a new run is durable in Redis."""
         try:
-            await self._handle(body, respond, started)
+            await self._handle(body, respond, started, progress)
         finally:
             if started is not None:
                 started.set()
 
     async def _handle(
-        self, body: dict[str, Any], respond: Any, started: asyncio.Event | None
+        self,
+        body: dict[str, Any],
+        respond: Any,
+        started: asyncio.Event | None,
+        progress: Progress | None,
     ) -> None:
         text = str(body.get("text") or "").strip()
         user_id = str(body.get("user_id") or "")
@@ -76,7 +131,7 @@ class Commands:
         if m:
             await self.cancel(user_id, m.group(1), respond)
             return
-        await self.start(body, user_id, parse_task(text), respond, started)
+        await self.start(body, user_id, parse_task(text), respond, started, progress)
 
     async def start(
         self,
@@ -85,14 +140,32 @@ class Commands:
         task: str,
         respond: Any,
         started: asyncio.Event | None = None,
+        progress: Progress | None = None,
     ) -> None:
         ctx = self.ctx
-        # A replayed request (same signed body, within Bolt's 5-minute window) carries the
-        # same trigger_id: start one run, not two.
+        loop = asyncio.get_running_loop()
+        if progress is None:
+            progress = Progress(deadline=loop.time() + START_DEADLINE_SECONDS)
+        # A retried or replayed request (same signed body, within Bolt's 5-minute window)
+        # carries the same trigger_id: start one run, not two. Nothing is posted or started
+        # before this write went through: a Redis that stalls longer than the deadline
+        # gets the task given up (the pending write dies with its connection, or lands
+        # harmlessly), and the person is told.
         trigger = body.get("trigger_id")
         if isinstance(trigger, str) and trigger:
-            if not await ctx.store.first_time("slack-trigger", trigger):
+            try:
+                first = await asyncio.wait_for(
+                    ctx.store.first_time("slack-trigger", trigger),
+                    timeout=max(progress.deadline - loop.time(), 0.0),
+                )
+            except TimeoutError:
+                log.warning("a /agent command could not be recorded in time; not started")
+                await _reply(respond, NOT_STARTED_SLOW.format(limit=_limit()))
+                return
+            if not first:
                 log.warning("a repeated /agent request (same trigger_id) was ignored")
+                if progress.late:
+                    await _reply(respond, REPEATED)
                 return
         channel = str(body.get("channel_id") or "")
         root = cards.root_message(task, user_id, None, self.command)
@@ -116,6 +189,7 @@ class Commands:
         channel = str(resp.get("channel") or channel)
         ts = str(resp["ts"])
         origin = {"channel": channel, "thread_ts": ts, "team": str(body.get("team_id") or "")}
+        progress.committing = True
         try:
             run = await ctx.gateway.start_run(task, requested_by=user_id, origin=origin)
         except Exception:
@@ -132,13 +206,16 @@ class Commands:
                 "The agent backend is unavailable, so the task was not started. Try again shortly.",
             )
             return
+        progress.run_id = run.run_id
         if started is not None:
             started.set()
-        await ctx.store.save_run_root(run.run_id, channel, ts)
         try:
+            await ctx.store.save_run_root(run.run_id, channel, ts)
             await ctx.publisher.show_run(run.run_id)
-        except Exception as exc:
+        except Exception as exc:  # the notifier updates it on the run's next event
             log.warning("root message update deferred: %s", exc)
+        if progress.late:
+            await _reply(respond, STARTED_LATE.format(run=cards.clip_escaped(run.run_id, 100)))
 
     async def status(self, user_id: str, respond: Any) -> None:
         runs = await self.ctx.gateway.runs_for_user(user_id, limit=10)
@@ -200,28 +277,50 @@ async def _reply(respond: Any, text: str, blocks: list[dict[str, Any]] | None = 
         log.warning("response_url failed: %s", slack_error(exc))
 
 
+def _limit() -> str:
+    return fmt_seconds(START_DEADLINE_SECONDS)
+
+
+def _starts_a_task(text: str) -> bool:
+    stripped = text.strip()
+    return stripped.lower() != "status" and not _CANCEL.match(stripped)
+
+
 def register(app: AsyncApp, ctx: BotContext) -> None:
     commands = Commands(ctx)
 
     @app.command(ctx.settings.slash_command)
     async def on_command(ack: Any, body: dict[str, Any], respond: Any) -> None:
-        reply = commands.immediate_reply(str(body.get("text") or ""))
+        text = str(body.get("text") or "")
+        reply = commands.immediate_reply(text)
         if reply is not None:
             await ack(text=reply, response_type="ephemeral")
             return
         started = asyncio.Event()
+        progress = Progress(deadline=asyncio.get_running_loop().time() + START_DEADLINE_SECONDS)
 
         async def work() -> None:
             try:
-                await commands.handle(body, respond, started)
-            except (RedisError, OSError) as exc:
-                log.error("handling %s failed: %s", ctx.settings.slash_command, type(exc).__name__)
-                await _reply(
-                    respond, "The agent backend is unavailable right now. Try again shortly."
-                )
+                await commands.handle(body, respond, started, progress)
+            except asyncio.CancelledError:
+                # Stopped (shutdown) after telling the person "not recorded yet".
+                if progress.late and progress.run_id is None:
+                    why = IN_DOUBT_STOPPING if progress.committing else NOT_STARTED_STOPPING
+                    await _reply(respond, why)
+                raise
+            except Exception as exc:
+                if isinstance(exc, (RedisError, OSError)):
+                    log.error(
+                        "handling %s failed: %s", ctx.settings.slash_command, type(exc).__name__
+                    )
+                else:
+                    log.exception("handling %s failed", ctx.settings.slash_command)
+                if progress.run_id is None:
+                    await _reply(respond, BACKEND_DOWN)
 
         # Acknowledged once the run is in Redis (the soak lost an acknowledged command to a
-        # web crash when the ack came first), never later than ACK_BUDGET_SECONDS.
+        # web crash when the ack came first), never later than ACK_BUDGET_SECONDS: then the
+        # ack itself says that the task is not recorded yet, and the handler tells the rest.
         async with ctx.busy():
             task = asyncio.ensure_future(work())
             waiter = asyncio.ensure_future(started.wait())
@@ -229,5 +328,14 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
                 {task, waiter}, timeout=ACK_BUDGET_SECONDS, return_when=asyncio.FIRST_COMPLETED
             )
             waiter.cancel()
-            await ack()
-            await task
+            if started.is_set() or task.done() or not _starts_a_task(text):
+                await ack()
+            else:
+                progress.late = True
+                await ack(text=NOT_RECORDED_YET.format(limit=_limit()), response_type="ephemeral")
+            try:
+                await task
+            except asyncio.CancelledError:
+                task.cancel()
+                await asyncio.wait({task}, timeout=5.0)
+                raise

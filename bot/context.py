@@ -74,6 +74,7 @@ class BotContext:
             parse_approvers(settings.approvers),
             client,
             allow_self_approval=settings.allow_self_approval,
+            allow_external=settings.allow_external_approvers,
         )
         publisher = Publisher(gateway, store, client, settings.slash_command)
         return cls(settings, gateway, client, store, approvers, publisher)

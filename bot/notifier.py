@@ -28,6 +28,7 @@ from .store import LockBusy, Store
 log = logging.getLogger(__name__)
 
 GROUP = "bot"
+NEVER_RAN = "the run was cancelled before this call started"
 
 
 def consumer_name() -> str:
@@ -133,23 +134,41 @@ class Notifier:
             text = cards.run_cancelled_message(data.get("by"), data.get("reason"))
             await self.publisher.post_in_thread(event.run_id, origin, "cancelled", [text])
             await self.publisher.show_run(event.run_id)
-            await self._approved_but_never_run(event.run_id)
+            await self._approved_calls_at_cancel(event.run_id, data)
+
+    async def _approved_calls_at_cancel(self, run_id: str, data: dict[str, Any]) -> None:
+        """The approved calls of a cancelled run: the core lists those that never ran and
+        those still running at the cancel; their cards say so instead of "Running…"."""
+        never_ran, running = _gate_ids(data.get("never_ran")), _gate_ids(data.get("running"))
+        if never_ran is None and running is None:
+            await self._approved_but_never_run(run_id)  # an event from an older core
+            return
+        for gate_id in never_ran or []:
+            await self._mark_unless_known(gate_id, cards.ToolResult(ok=False, skipped=NEVER_RAN))
+        for gate_id in running or []:
+            await self._mark_unless_known(
+                gate_id, cards.ToolResult(ok=False, running_at_cancel=True)
+            )
 
     async def _approved_but_never_run(self, run_id: str) -> None:
-        """Approved calls of a cancelled run that never executed: their cards say so
-        instead of "Running…" forever."""
+        """Without the core's lists, a guess: an approved call with no outcome yet never ran."""
         for gate in await self.gateway.gates(run_id):
-            if gate.status is not GateStatus.APPROVED:
-                continue
-            rec = await self.store.card(gate.gate_id)
-            if rec.result is None:
-                await self.store.set_result(
+            if gate.status is GateStatus.APPROVED:
+                await self._mark_unless_known(
                     gate.gate_id,
                     cards.ToolResult(
                         ok=False, skipped="the run was cancelled before this call ran"
                     ),
                 )
-                await self.publisher.show_gate(gate.gate_id)
+
+    async def _mark_unless_known(self, gate_id: str, result: cards.ToolResult) -> None:
+        """Store ``result`` unless the call's outcome (its tool.executed) is already there."""
+        async with self.store.lock(f"result:{gate_id}"):
+            rec = await self.store.card(gate_id)
+            if rec.result is not None:
+                return
+            await self.store.set_result(gate_id, result)
+        await self.publisher.show_gate(gate_id)
 
     async def _tool_executed(
         self, run_id: str, data: dict[str, Any], origin: dict[str, Any]
@@ -159,14 +178,28 @@ class Notifier:
         gate_id = data.get("gate_id")
         if gate_id:
             result = cards.ToolResult(
-                ok=ok, output=str(data.get("output") or ""), in_doubt=in_doubt
+                ok=ok,
+                output=str(data.get("output") or ""),
+                in_doubt=in_doubt,
+                after_cancel=bool(data.get("after_cancel")),
             )
-            await self.store.set_result(str(gate_id), result)
+            # The outcome replaces whatever the cancel left ("never ran", "was running").
+            async with self.store.lock(f"result:{gate_id}"):
+                await self.store.set_result(str(gate_id), result)
             await self.publisher.show_gate(str(gate_id))
             return
         text = cards.tool_message(str(data.get("tool") or "tool"), ok, in_doubt)
         marker = f"tool:{data.get('call_id') or ''}"
         await self.publisher.post_in_thread(run_id, origin, marker, [text])
+
+
+def _gate_ids(value: object) -> list[str] | None:
+    """A list of gate ids from an event (``None`` when the event does not carry it)."""
+    if value == {}:
+        return []  # how Lua's cjson encodes an empty table
+    if not isinstance(value, list):
+        return None
+    return [v for v in value if isinstance(v, str) and v]
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:

@@ -4,6 +4,13 @@ Every method renders from the current state in Redis (the gate record, the store
 result), under a per-gate or per-run lock, so events delivered twice, out of order or to
 two replicas at once all converge on one card showing the latest state. An unchanged
 rendering is not sent again.
+
+A card is posted at most once even when the process posting it dies before it records where
+the card went: the intent is recorded first, the card carries the gate id as message
+metadata, and a process that finds an intent without a card looks for the message on Slack
+(``conversations.replies``/``conversations.history`` with ``include_all_metadata``) and
+adopts it instead of posting another. Every message found for a gate is kept, and every
+update goes to all of them, so none keeps live buttons after the gate is decided.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
@@ -18,7 +26,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from . import cards
 from .ports import GatewayLike
-from .store import Store
+from .store import CardRecord, Store
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +36,13 @@ TOO_BIG = frozenset({"invalid_blocks", "msg_blocks_too_long", "msg_too_long"})
 TRANSIENT_SLACK_ERRORS = frozenset(
     {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
 )
+# The message metadata every card carries (Slack's ``metadata`` on chat.postMessage).
+CARD_EVENT_TYPE = "approval_gate"
+# Looking for a card whose post was never recorded: from this long before the attempt (clocks
+# differ), at most this many pages of this many messages.
+SEARCH_MARGIN_SECONDS = 600.0
+SEARCH_PAGES = 10
+SEARCH_PAGE_SIZE = 200
 
 
 class TransientSlackError(Exception):
@@ -53,6 +68,24 @@ def digest(card: cards.Card) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
 
 
+def card_metadata(gate_id: str) -> dict[str, Any]:
+    """The metadata a gate's card is posted with, by which it is found again."""
+    return {"event_type": CARD_EVENT_TYPE, "event_payload": {"gate_id": gate_id}}
+
+
+def shows_gate(message: Any, gate_id: str, bot_id: str | None) -> bool:
+    """Whether a message returned by conversations.* is a card of ``gate_id`` that we posted."""
+    if not isinstance(message, dict):
+        return False
+    meta = message.get("metadata")
+    if not isinstance(meta, dict) or meta.get("event_type") != CARD_EVENT_TYPE:
+        return False
+    payload = meta.get("event_payload")
+    if not isinstance(payload, dict) or payload.get("gate_id") != gate_id:
+        return False
+    return bot_id is None or message.get("bot_id") == bot_id
+
+
 class Publisher:
     def __init__(
         self, gateway: GatewayLike, store: Store, client: AsyncWebClient, command: str = "/agent"
@@ -61,9 +94,11 @@ class Publisher:
         self.store = store
         self.client = client
         self.command = command
+        self._bot_id: str | None = None
 
     async def show_gate(self, gate_id: str) -> None:
-        """Post the gate's card, or update it to the gate's current state.
+        """Post the gate's card, or update it (and any other message showing the gate) to the
+        gate's current state.
 
         Raises :class:`TransientSlackError` when Slack should be tried again later.
         """
@@ -75,29 +110,106 @@ class Publisher:
             card = cards.gate_card(gate, rec.result)
             smaller = cards.gate_card(gate, rec.result, compact=True)
             d = digest(card)
+            channel = _opt_str(gate.origin.get("channel"))
+            thread_ts = _opt_str(gate.origin.get("thread_ts"))
+            if not rec.ts and rec.posting is not None and channel:
+                # A process asked Slack to post this card and died (or lost the answer)
+                # before recording where it went: adopt that card rather than post another.
+                found = await self._find_cards(gate_id, channel, thread_ts, rec.posting)
+                if found:
+                    log.warning("adopting %d card(s) of gate %s posted before", len(found), gate_id)
+                    await self.store.adopt_cards(gate_id, channel, found)
+                    rec = await self.store.card(gate_id)
             if rec.channel and rec.ts:
-                if rec.digest == d:
-                    return
-                ok = await self._send_card(
-                    "chat_update", card, smaller, channel=rec.channel, ts=rec.ts
-                )
-                if ok is not None:
-                    await self.store.set_card_digest(gate_id, d)
+                await self._update_cards(gate_id, rec, card, smaller, d)
                 return
-            channel = gate.origin.get("channel")
-            if not isinstance(channel, str) or not channel:
+            if not channel:
                 return  # a run started outside Slack: no card
+            await self.store.mark_posting(gate_id, time.time())
             resp = await self._send_card(
                 "chat_postMessage",
                 card,
                 smaller,
                 channel=channel,
-                thread_ts=_opt_str(gate.origin.get("thread_ts")),
+                thread_ts=thread_ts,
+                metadata=card_metadata(gate_id),
             )
-            if resp is not None:
-                await self.store.save_card(
-                    gate_id, str(resp.get("channel") or channel), str(resp["ts"]), d
+            if resp is None:
+                return
+            posted = str(resp.get("channel") or channel)
+            if not await self.store.save_card(gate_id, posted, str(resp["ts"]), d):
+                # Another process posted a card for this gate meanwhile (we were paused past
+                # the lock): both now get the current state.
+                await self._update_cards(gate_id, await self.store.card(gate_id), card, smaller, d)
+
+    async def _update_cards(
+        self, gate_id: str, rec: CardRecord, card: cards.Card, smaller: cards.Card, d: str
+    ) -> None:
+        """Show the current state on every message of the gate; the digest only when the
+        card itself took it."""
+        if rec.digest == d or not rec.channel or not rec.ts:
+            return
+        for ts in rec.others:
+            resp = await self._send_card("chat_update", card, smaller, channel=rec.channel, ts=ts)
+            if resp is None:  # deleted, or refused for good: stop trying it
+                await self.store.drop_other(gate_id, ts)
+        ok = await self._send_card("chat_update", card, smaller, channel=rec.channel, ts=rec.ts)
+        if ok is not None:
+            await self.store.set_card_digest(gate_id, d)
+
+    async def _find_cards(
+        self, gate_id: str, channel: str, thread_ts: str | None, since: float
+    ) -> list[str]:
+        """The ts of every card of the gate we posted (oldest first), from Slack itself.
+
+        ``[]`` when there is none, or when Slack will not let us look (e.g. a workspace
+        that has not granted the history scopes): the card is then posted again.
+        """
+        bot_id = await self._own_bot_id()
+        args: dict[str, Any] = {
+            "channel": channel,
+            "include_all_metadata": True,
+            "limit": SEARCH_PAGE_SIZE,
+            "oldest": f"{max(since - SEARCH_MARGIN_SECONDS, 0):.6f}",
+        }
+        method = "conversations_history"
+        if thread_ts:
+            method = "conversations_replies"
+            args["ts"] = thread_ts
+        found: list[str] = []
+        cursor = ""
+        for _ in range(SEARCH_PAGES):
+            try:
+                resp = await getattr(self.client, method)(**args, cursor=cursor or None)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise TransientSlackError(f"{method}: {slack_error(exc)}") from exc
+                log.warning(
+                    "cannot look for the card of gate %s posted before (%s): posting it again;"
+                    " the earlier one, if any, will not be updated",
+                    gate_id,
+                    slack_error(exc),
                 )
+                return []
+            messages = resp.get("messages")
+            for m in messages if isinstance(messages, list) else []:
+                if shows_gate(m, gate_id, bot_id) and isinstance(m.get("ts"), str):
+                    found.append(m["ts"])
+            meta = resp.get("response_metadata")
+            cursor = _opt_str(meta.get("next_cursor") if isinstance(meta, dict) else None) or ""
+            if not cursor or not resp.get("has_more", True):
+                break
+        return sorted(set(found), key=_ts_order)
+
+    async def _own_bot_id(self) -> str | None:
+        """Our bot id (auth.test, once), so that a look-up adopts only our own messages."""
+        if self._bot_id is None:
+            try:
+                resp = await self.client.auth_test()
+            except Exception as exc:
+                raise TransientSlackError(f"auth.test: {slack_error(exc)}") from exc
+            self._bot_id = _opt_str(resp.get("bot_id")) or ""
+        return self._bot_id or None
 
     async def show_run(self, run_id: str) -> None:
         """Update the run's root message ("Task started by …") to its current status."""
@@ -190,6 +302,13 @@ class Publisher:
             raise TransientSlackError(f"{method}: {slack_error(exc)}") from exc
         log.error("Slack refused %s: %s", method, slack_error(exc))
         return None
+
+
+def _ts_order(ts: str) -> tuple[float, str]:
+    try:
+        return float(ts), ts
+    except ValueError:
+        return float("inf"), ts
 
 
 def _opt_str(v: object) -> str | None:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import signal
 import sys
+import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -35,6 +39,8 @@ from .settings import BotSettings, load_settings
 
 log = logging.getLogger("bot")
 
+Headers = dict[str, str | Sequence[str]]
+
 EVENTS_PATH = "/slack/events"
 HEALTH_PATH = "/healthz"
 MAX_BODY_BYTES = 1024 * 1024
@@ -44,7 +50,8 @@ def build_web_app(bolt: AsyncApp, settings: BotSettings, redis: aioredis.Redis) 
     """The aiohttp application: ``POST /slack/events`` (HTTP mode) and ``GET /healthz``."""
     web_app = web.Application(client_max_size=MAX_BODY_BYTES)
     secret = settings.slack_signing_secret
-    verifier = SignatureVerifier(secret.get_secret_value()) if secret is not None else None
+    secret_value = secret.get_secret_value() if secret is not None else ""
+    verifier = SignatureVerifier(secret_value) if secret is not None else None
 
     async def slack_events(request: web.Request) -> web.Response:
         raw = await request.read()
@@ -56,14 +63,14 @@ def build_web_app(bolt: AsyncApp, settings: BotSettings, redis: aioredis.Redis) 
             body = raw.decode("utf-8")
         except UnicodeDecodeError:
             return web.json_response({"error": "malformed payload"}, status=400)
-        if _malformed_interactive_payload(body):
+        headers: Headers = {k: request.headers.getall(k) for k in request.headers}
+        if _malformed_payload(body, request.content_type):
+            log.warning("a signed Slack request with a malformed payload was refused")
             return web.json_response({"error": "malformed payload"}, status=400)
+        if _form_read_as_empty(body, request.content_type):
+            body, headers = _resigned(body, headers, secret_value)
         try:
-            bolt_req = AsyncBoltRequest(
-                body=body,
-                query=request.query_string,
-                headers={k: request.headers.getall(k) for k in request.headers},
-            )
+            bolt_req = AsyncBoltRequest(body=body, query=request.query_string, headers=headers)
         except Exception:
             return web.json_response({"error": "malformed payload"}, status=400)
         try:
@@ -91,17 +98,27 @@ def build_web_app(bolt: AsyncApp, settings: BotSettings, redis: aioredis.Redis) 
     return web_app
 
 
-_OBJECTS = ("user", "team", "channel", "container", "message", "view", "enterprise")
+_OBJECTS = ("user", "team", "channel", "container", "message", "view", "enterprise", "event")
 _STRINGS = ("type", "action_id", "block_id", "callback_id", "value", "trigger_id")
 
 
-def _malformed_interactive_payload(body: str) -> bool:
-    """True for a ``payload=`` whose JSON types Bolt's matchers would trip over (a fuzzing
-    find: they index fields without checking, and answer 500)."""
-    if not body.startswith("payload=") and "&payload=" not in body:
+def _is_json_body(body: str, content_type: str) -> bool:
+    """Whether Bolt reads this body as JSON (it does for a JSON content type or a ``{``)."""
+    return content_type == "application/json" or body.startswith("{")
+
+
+def _malformed_payload(body: str, content_type: str) -> bool:
+    """True for a JSON body, or a ``payload=`` form field, whose JSON Bolt's matchers would
+    trip over: they index fields without checking their types (fuzzing found KeyError,
+    TypeError, AttributeError and IndexError, each answered 500)."""
+    if _is_json_body(body, content_type):
+        raw = body
+    elif body.startswith("payload=") or "&payload=" in body:
+        raw = parse_qs(body).get("payload", [""])[-1]  # Bolt reads the last one
+    else:
         return False
     try:
-        payload = json.loads(parse_qs(body).get("payload", [""])[0])
+        payload = json.loads(raw)
     except ValueError:
         return True
     if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
@@ -120,10 +137,69 @@ def _malformed_interactive_payload(body: str) -> bool:
     actions = payload.get("actions")
     if actions is not None and (
         not isinstance(actions, list)
+        or not actions  # Slack never sends an empty list; Bolt reads actions[0]
         or not all(isinstance(a, dict) and not bad(a) for a in actions)
     ):
         return True
+    # Fields Slack always sends with each type, which Bolt's matchers index unchecked.
+    for path in _REQUIRED.get(payload["type"], ()):
+        if not isinstance(_dig(payload, path), str):
+            return True
+    if payload["type"] == "block_actions" and not all(
+        isinstance(a.get("action_id"), str) for a in actions or []
+    ):
+        return True
     return False
+
+
+_REQUIRED: dict[str, tuple[tuple[str, ...], ...]] = {
+    "view_submission": (("view", "callback_id"), ("view", "type")),
+    "view_closed": (("view", "callback_id"), ("view", "type")),
+    "block_suggestion": (("action_id",),),
+    "shortcut": (("callback_id",),),
+    "message_action": (("callback_id",),),
+    "interactive_message": (("callback_id",),),
+    "dialog_submission": (("callback_id",),),
+    "dialog_cancellation": (("callback_id",),),
+    "dialog_suggestion": (("callback_id",),),
+    "workflow_step_edit": (("callback_id",),),
+    "event_callback": (("event", "type"),),
+}
+
+
+def _dig(obj: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _form_read_as_empty(body: str, content_type: str) -> bool:
+    """A form body (a slash command) that merely contains the word "payload": Bolt takes any
+    such body for an interactive ``payload=`` and, finding no such field, reads it as
+    empty, so ``/agent summarize the payload`` would be answered 404."""
+    return (
+        "payload" in body
+        and not _is_json_body(body, content_type)
+        and "payload" not in parse_qs(body, keep_blank_values=True)
+    )
+
+
+def _resigned(body: str, headers: Headers, secret: str) -> tuple[str, Headers]:
+    """The same form with every "payload" percent-encoded (``%70ayload`` decodes to the
+    same text), signed again for Bolt's own check: its signature was verified already."""
+    body = body.replace("payload", "%70ayload")
+    ts = str(int(time.time()))
+    base = f"v0:{ts}:{body}".encode()
+    sig = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+    fixed = {k: v for k, v in headers.items() if k.lower() not in _SIGNATURE_HEADERS}
+    fixed["X-Slack-Request-Timestamp"] = [ts]
+    fixed["X-Slack-Signature"] = [sig]
+    return body, fixed
+
+
+_SIGNATURE_HEADERS = ("x-slack-request-timestamp", "x-slack-signature")
 
 
 def _signed_by_slack(verifier: SignatureVerifier, body: bytes, request: web.Request) -> bool:

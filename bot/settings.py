@@ -28,6 +28,8 @@ class BotSettings(BaseSettings):
     slack_api_url: str = "https://slack.com/api/"
     approvers: str = ""
     allow_self_approval: bool = False
+    # With APPROVERS=*, may people from other workspaces (Slack Connect) approve or deny?
+    allow_external_approvers: bool = False
     slash_command: str = "/agent"
     port: int = Field(default=3000, ge=1, le=65535)
     slack_max_retries: int = Field(default=3, ge=0, le=10)

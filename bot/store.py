@@ -2,6 +2,11 @@
 
 Every key comes from ``Keys.ext`` so it shares the deployment prefix and hash tag. Any
 ``web`` replica can update any card because (channel, ts) live here, not in memory.
+
+A card record also holds the intent to post (``posting``: when a process asked Slack to
+post the card, written before it asks) and ``others``: every further message that shows
+the same gate (a card posted again by a process that never learned where the first one
+went). Every update of the gate's card goes to all of them.
 """
 
 from __future__ import annotations
@@ -30,6 +35,25 @@ RECORD_TTL_SECONDS = 30 * 24 * 3600
 LOCK_TTL_MS = 10_000
 LOCK_WAIT_SECONDS = 3.0
 
+# Records where a card went. The first message of a gate becomes its card; any other one
+# (two processes posted it) joins ``others`` and the stored digest is cleared, so that the
+# next rendering updates them all. Returns 1 for the card itself, 0 for another message.
+SAVE_CARD = """
+local cur = redis.call('HGET', KEYS[1], 'ts')
+if (not cur) or cur == '' or cur == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'channel', ARGV[1], 'ts', ARGV[2], 'digest', ARGV[3])
+  redis.call('EXPIRE', KEYS[1], ARGV[4])
+  return 1
+end
+local others = redis.call('HGET', KEYS[1], 'others') or ''
+if not string.find(' ' .. others .. ' ', ' ' .. ARGV[2] .. ' ', 1, true) then
+  if others == '' then others = ARGV[2] else others = others .. ' ' .. ARGV[2] end
+end
+redis.call('HSET', KEYS[1], 'others', others, 'digest', '')
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return 0
+"""
+
 
 class LockBusy(Exception):
     """Another process held the lock for longer than we were willing to wait."""
@@ -41,6 +65,13 @@ class CardRecord:
     ts: str | None
     digest: str | None
     result: ToolResult | None
+    posting: float | None = None  # unix time a post of the card was last attempted
+    others: tuple[str, ...] = ()  # further messages showing this gate (same channel)
+
+    @property
+    def all_ts(self) -> list[str]:
+        """Every message that shows the gate, the card first."""
+        return [t for t in (self.ts, *self.others) if t]
 
 
 @dataclass(frozen=True)
@@ -56,6 +87,7 @@ class Store:
         self.keys = keys
         self._release = redis.register_script(scripts.RELEASE_LOCK)
         self._renew = redis.register_script(scripts.RENEW_LOCK)
+        self._save_card = redis.register_script(SAVE_CARD)
 
     # --- cards ------------------------------------------------------------------------
     def card_key(self, gate_id: str) -> str:
@@ -70,11 +102,47 @@ class Store:
                 output=h.get("result_output", ""),
                 in_doubt=h.get("result_in_doubt") == "1",
                 skipped=h.get("result_skipped") or None,
+                after_cancel=h.get("result_after_cancel") == "1",
+                running_at_cancel=h.get("result_running_at_cancel") == "1",
             )
-        return CardRecord(h.get("channel"), h.get("ts"), h.get("digest"), result)
+        try:
+            posting = float(h["posting"]) if h.get("posting") else None
+        except ValueError:
+            posting = None
+        others = tuple(t for t in (h.get("others") or "").split() if t != h.get("ts"))
+        return CardRecord(
+            h.get("channel"), h.get("ts"), h.get("digest") or None, result, posting, others
+        )
 
-    async def save_card(self, gate_id: str, channel: str, ts: str, digest: str) -> None:
-        await self._hset(self.card_key(gate_id), {"channel": channel, "ts": ts, "digest": digest})
+    async def mark_posting(self, gate_id: str, at: float) -> None:
+        """Written before ``chat.postMessage``: a process that dies before :meth:`save_card`
+        leaves this behind, and the next one looks for the card instead of posting again."""
+        await self._hset(self.card_key(gate_id), {"posting": f"{at:.6f}"})
+
+    async def save_card(self, gate_id: str, channel: str, ts: str, digest: str) -> bool:
+        """Record a posted card; ``False`` when the gate already had one (``ts`` then joins
+        :attr:`CardRecord.others`, and the digest is cleared so that all get updated)."""
+        first = await self._save_card(
+            keys=[self.card_key(gate_id)], args=[channel, ts, digest, RECORD_TTL_SECONDS]
+        )
+        return bool(first)
+
+    async def adopt_cards(self, gate_id: str, channel: str, ts: list[str]) -> None:
+        """The messages found on Slack for a gate whose post was never recorded: the oldest
+        becomes its card, the rest its ``others``; none is known to be current."""
+        if not ts:
+            return
+        await self._hset(
+            self.card_key(gate_id),
+            {"channel": channel, "ts": ts[0], "others": " ".join(ts[1:]), "digest": ""},
+        )
+
+    async def drop_other(self, gate_id: str, ts: str) -> None:
+        """Forget one of the gate's further messages (deleted on Slack)."""
+        rec = await self.card(gate_id)
+        await self._hset(
+            self.card_key(gate_id), {"others": " ".join(t for t in rec.others if t != ts)}
+        )
 
     async def set_card_digest(self, gate_id: str, digest: str) -> None:
         await self._hset(self.card_key(gate_id), {"digest": digest})
@@ -87,6 +155,8 @@ class Store:
                 "result_output": result.output,
                 "result_in_doubt": "1" if result.in_doubt else "0",
                 "result_skipped": result.skipped or "",
+                "result_after_cancel": "1" if result.after_cancel else "0",
+                "result_running_at_cancel": "1" if result.running_at_cancel else "0",
             },
         )
 

@@ -6,7 +6,10 @@ it serves in-process code and ``python -m bot`` subprocesses alike. It records e
 with its arguments (blocks and views parsed), keeps the messages it was asked to post and
 update (so a test can look at a card as a user would see it), checks Block Kit with
 ``slack_sdk.models.blocks`` and answers ``invalid_blocks`` like Slack, and can inject
-HTTP 429 (with ``Retry-After``) or ``ok: false`` errors for the next calls of a method.
+HTTP 429 (with ``Retry-After``) or ``ok: false`` errors for the next calls of a method, or
+:meth:`FakeSlack.hold` the answers of calls it has carried out (a caller killed while it
+waits has had its message posted, and never learns where). The Web API methods it serves
+are in :mod:`bot.testing_api`.
 
 :class:`SlackClient` sends slash commands, ``block_actions`` and ``view_submission``
 payloads to the bot's ``/slack/events`` exactly as Slack does: form-encoded and signed
@@ -30,13 +33,19 @@ from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
-from slack_sdk.errors import SlackObjectFormationError
-from slack_sdk.models.blocks import Block
 
-__all__ = ["FakeSlack", "HttpResult", "SlackCall", "SlackClient", "SlackMessage", "sign"]
+from .testing_api import MAX_BLOCKS_CHARS, SlackMessage, WebApiMethods
+from .testing_api import _blocks_problem as _blocks_problem  # tests/bot/test_cards.py
 
-# Slack has refused messages with about this many characters of blocks (msg_blocks_too_long).
-MAX_BLOCKS_CHARS = 13_000
+__all__ = [
+    "MAX_BLOCKS_CHARS",
+    "FakeSlack",
+    "HttpResult",
+    "SlackCall",
+    "SlackClient",
+    "SlackMessage",
+    "sign",
+]
 
 
 @dataclass(frozen=True)
@@ -55,25 +64,21 @@ class SlackCall:
 
 
 @dataclass
-class SlackMessage:
-    """A message as the fake Slack currently shows it."""
-
-    channel: str
-    ts: str
-    text: str
-    blocks: list[dict[str, Any]]
-    thread_ts: str | None = None
-    updates: int = 0
-
-
-@dataclass
 class _Fault:
     status: int
     error: str
     retry_after: float | None
 
 
-class FakeSlack:
+@dataclass
+class _Hold:
+    method: str
+    left: int
+    when: Callable[[dict[str, Any]], bool] | None
+    released: threading.Event = field(default_factory=threading.Event)
+
+
+class FakeSlack(WebApiMethods):
     """A fake Slack Web API (see the module docstring)."""
 
     def __init__(
@@ -99,6 +104,9 @@ class FakeSlack:
         self._usergroups: dict[str, list[str]] = {}
         self._unreachable_channels: dict[str, str] = {}
         self._ts = itertools.count(1)
+        self._last_ts = 0.0
+        self._holds: list[_Hold] = []
+        self._held = 0
         self._sockets: list[web.WebSocketResponse] = []
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -158,6 +166,7 @@ class FakeSlack:
         thread, loop, runner = self._thread, self._loop, self._runner
         if thread is None or loop is None:
             return
+        self.release()
         if runner is not None:
             asyncio.run_coroutine_threadsafe(self._close_sockets(), loop).result(timeout=10)
             asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
@@ -194,6 +203,7 @@ class FakeSlack:
 
     # ------------------------------------------------------------------ set-up
     def reset(self) -> None:
+        self.release()
         with self._lock:
             self._calls.clear()
             self._messages.clear()
@@ -217,6 +227,37 @@ class FakeSlack:
     def error_next(self, method: str, error: str, n: int = 1) -> None:
         """Answer the next ``n`` calls of ``method`` with ``{"ok": false, "error": error}``."""
         self.fail_next(method, n, status=200, retry_after=None, error=error)
+
+    def hold(
+        self, method: str, n: int = 1, when: Callable[[dict[str, Any]], bool] | None = None
+    ) -> None:
+        """Carry out the next ``n`` calls of ``method`` (those whose arguments satisfy ``when``)
+        but keep their answers back until :meth:`release`: the message is posted, the caller
+        waits. Held calls are recorded as they are carried out."""
+        with self._lock:
+            self._holds.append(_Hold(method, n, when))
+
+    def release(self) -> None:
+        """Send every held answer, and hold no more calls."""
+        with self._lock:
+            holds, self._holds = self._holds, []
+        for h in holds:
+            h.released.set()
+
+    @property
+    def held(self) -> int:
+        """How many answers are being kept back right now."""
+        with self._lock:
+            return self._held
+
+    def _take_hold(self, method: str, args: dict[str, Any]) -> threading.Event | None:
+        with self._lock:
+            for h in self._holds:
+                if h.method == method and h.left > 0 and (h.when is None or h.when(args)):
+                    h.left -= 1
+                    self._held += 1
+                    return h.released
+        return None
 
     def set_usergroup(self, group_id: str, users: list[str]) -> None:
         with self._lock:
@@ -314,6 +355,13 @@ class FakeSlack:
             handler = getattr(self, "_api_" + method.replace(".", "_"), None)
             body = handler(args) if handler else {"ok": False, "error": "unknown_method"}
         self._record(SlackCall(method, args, token, 200, body))
+        released = self._take_hold(method, args)
+        if released is not None:
+            try:
+                await asyncio.to_thread(released.wait)
+            finally:
+                with self._lock:
+                    self._held -= 1
         return web.json_response(body)
 
     # ------------------------------------------------------------------ Socket Mode
@@ -379,119 +427,6 @@ class FakeSlack:
         with self._lock:
             self._calls.append(call)
 
-    # ------------------------------------------------------------------ Web API methods
-    def _api_auth_test(self, args: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "ok": True,
-            "url": "https://fake.slack.test/",
-            "team": "Fake Team",
-            "user": "agent-bot",
-            "team_id": self.team_id,
-            "user_id": self.bot_user_id,
-            "bot_id": "B0BOT",
-        }
-
-    def _message_problem(self, args: dict[str, Any]) -> str | None:
-        channel = args.get("channel")
-        if not channel:
-            return "channel_not_found"
-        with self._lock:
-            blocked = self._unreachable_channels.get(str(channel))
-        if blocked:
-            return blocked
-        blocks = args.get("blocks")
-        if not args.get("text") and not blocks:
-            return "no_text"
-        if blocks is not None:
-            return _blocks_problem(blocks, 50) if self.validate_blocks else None
-        return None
-
-    def _api_chat_postMessage(self, args: dict[str, Any]) -> dict[str, Any]:
-        problem = self._message_problem(args)
-        if problem:
-            return {"ok": False, "error": problem}
-        channel = str(args["channel"])
-        ts = f"{1_700_000_000 + next(self._ts)}.000100"
-        msg = SlackMessage(
-            channel=channel,
-            ts=ts,
-            text=str(args.get("text") or ""),
-            blocks=list(args.get("blocks") or []),
-            thread_ts=args.get("thread_ts") or None,
-        )
-        with self._lock:
-            self._messages[(channel, ts)] = msg
-        return {"ok": True, "channel": channel, "ts": ts, "message": {"text": msg.text, "ts": ts}}
-
-    def _api_chat_update(self, args: dict[str, Any]) -> dict[str, Any]:
-        problem = self._message_problem(args)
-        if problem:
-            return {"ok": False, "error": problem}
-        key = (str(args["channel"]), str(args.get("ts") or ""))
-        with self._lock:
-            msg = self._messages.get(key)
-            if msg is None:
-                return {"ok": False, "error": "message_not_found"}
-            if "text" in args:
-                msg.text = str(args.get("text") or "")
-            if "blocks" in args:  # omitted keeps the old blocks; [] removes them
-                msg.blocks = list(args.get("blocks") or [])
-            msg.updates += 1
-        return {"ok": True, "channel": key[0], "ts": key[1], "text": msg.text}
-
-    def _api_chat_postEphemeral(self, args: dict[str, Any]) -> dict[str, Any]:
-        problem = self._message_problem(args)
-        if problem:
-            return {"ok": False, "error": problem}
-        if not args.get("user"):
-            return {"ok": False, "error": "user_not_in_channel"}
-        return {"ok": True, "message_ts": f"{time.time():.6f}"}
-
-    def _api_views_open(self, args: dict[str, Any]) -> dict[str, Any]:
-        if not args.get("trigger_id") or str(args["trigger_id"]).startswith("expired"):
-            return {"ok": False, "error": "expired_trigger_id"}
-        view = args.get("view")
-        if not isinstance(view, dict):
-            return {"ok": False, "error": "invalid_arguments"}
-        title = (view.get("title") or {}).get("text", "")
-        if not title or len(title) > 24:
-            return {"ok": False, "error": "invalid_arguments"}
-        if (
-            len(view.get("private_metadata") or "") > 3000
-            or len(view.get("callback_id") or "") > 255
-        ):
-            return {"ok": False, "error": "invalid_arguments"}
-        problem = _blocks_problem(view.get("blocks") or [], 100, chars_limit=None)
-        if problem:
-            return {"ok": False, "error": problem}
-        return {"ok": True, "view": {"id": f"V{next(self._ts):08d}", **view}}
-
-    def _api_usergroups_users_list(self, args: dict[str, Any]) -> dict[str, Any]:
-        with self._lock:
-            users = self._usergroups.get(str(args.get("usergroup") or ""))
-        if users is None:
-            return {"ok": False, "error": "no_such_subteam"}
-        return {"ok": True, "users": users}
-
-
-def _blocks_problem(
-    blocks: Any, max_blocks: int, chars_limit: int | None = MAX_BLOCKS_CHARS
-) -> str | None:
-    """``None`` when Slack would accept these blocks, else the error Slack would give."""
-    if not isinstance(blocks, list) or len(blocks) > max_blocks:
-        return "invalid_blocks"
-    if chars_limit is not None and len(json.dumps(blocks, ensure_ascii=False)) > chars_limit:
-        return "msg_blocks_too_long"
-    try:
-        for b in blocks:
-            parsed = Block.parse(b)
-            if parsed is None or type(parsed) is Block:
-                return "invalid_blocks"
-            parsed.validate_json()
-    except (SlackObjectFormationError, KeyError, TypeError, ValueError):
-        return "invalid_blocks"
-    return None
-
 
 async def _read_args(request: web.Request) -> dict[str, Any]:
     args: dict[str, Any] = dict(request.query)
@@ -506,7 +441,7 @@ async def _read_args(request: web.Request) -> dict[str, Any]:
                 args["_raw"] = await request.text()
         else:
             args.update(dict(await request.post()))
-    for key in ("blocks", "view", "attachments"):
+    for key in ("blocks", "view", "attachments", "metadata"):
         if isinstance(args.get(key), str):
             try:
                 args[key] = json.loads(args[key])

@@ -56,6 +56,7 @@ def _hermetic_env(monkeypatch: pytest.MonkeyPatch) -> None:
         if name.startswith("SLACK_") or name in (
             "APPROVERS",
             "ALLOW_SELF_APPROVAL",
+            "ALLOW_EXTERNAL_APPROVERS",
             "SLASH_COMMAND",
         ):
             monkeypatch.delenv(name)

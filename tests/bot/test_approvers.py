@@ -95,3 +95,24 @@ async def test_self_approval(client: AsyncWebClient) -> None:
     assert await outsider.why_not_decide("U0REQ", gate(), approve=True) is not None, (
         "still must be an approver"
     )
+
+
+async def test_star_covers_only_this_workspace_unless_external_approvers_are_allowed(
+    client: AsyncWebClient, fake_slack: FakeSlack
+) -> None:
+    fake_slack.set_usergroup("S1", ["U5"])
+    star = Approvers(["*", "U1", "S1"], client)
+    assert await star.why_not_decide("U9", gate(), approve=True, external=False) is None
+    for approve in (True, False):
+        why = await star.why_not_decide("U9", gate(), approve=approve, external=True)
+        assert why is not None and "ALLOW_EXTERNAL_APPROVERS" in why and "another workspace" in why
+    # Listed by user ID or user group: allowed wherever they come from.
+    assert await star.why_not_decide("U1", gate(), approve=True, external=True) is None
+    assert await star.why_not_decide("U5", gate(), approve=True, external=True) is None
+    assert not await star.is_approver("U9", external=True)
+    allowed = Approvers(["*"], client, allow_external=True)
+    assert await allowed.why_not_decide("U9", gate(), approve=True, external=True) is None
+    # Without "*", an external user who is not listed just is not on the list.
+    listed = Approvers(["U1"], client)
+    why = await listed.why_not_decide("U9", gate(), approve=True, external=True) or ""
+    assert "not on the approver list" in why and "ALLOW_EXTERNAL_APPROVERS" not in why

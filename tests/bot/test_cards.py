@@ -18,6 +18,7 @@ from bot import cards
 from bot.testing import MAX_BLOCKS_CHARS, _blocks_problem
 
 GATE_ID = "AbCdEfGhIjKlMnOpQrStUvWx"
+ARGS_HASH = "ab" * 32
 
 
 def make_gate(args: dict[str, Any] | None = None, **kw: Any) -> Gate:
@@ -30,7 +31,7 @@ def make_gate(args: dict[str, Any] | None = None, **kw: Any) -> Gate:
         "tool": "delete_user",
         "description": "Permanently delete a user.",
         "args": {"user_id": "42"} if args is None else args,
-        "args_hash": "sha256:" + "ab" * 32,
+        "args_hash": ARGS_HASH,
         "status": GateStatus.PENDING,
         "agent": "ops",
         "requested_by": "U0REQ",
@@ -85,12 +86,17 @@ def test_pending_card_has_everything_an_approver_needs() -> None:
         assert needle in text, needle
     (row,) = actions(card.blocks)
     approve, deny = row["elements"]
+    # The buttons carry the hash of the arguments on the card: a click decides only those.
+    value = f"{GATE_ID}:{ARGS_HASH}"
     assert (approve["text"]["text"], approve["style"], approve["value"]) == (
         "Approve",
         "primary",
-        GATE_ID,
+        value,
     )
-    assert (deny["text"]["text"], deny["style"], deny["value"]) == ("Deny", "danger", GATE_ID)
+    assert (deny["text"]["text"], deny["style"], deny["value"]) == ("Deny", "danger", value)
+    assert cards.parse_button_value(value) == (GATE_ID, ARGS_HASH)
+    assert cards.parse_button_value(GATE_ID) == (GATE_ID, None), "an old card's value"
+    assert f"Arguments hash `{ARGS_HASH[:12]}`" in text
     assert "delete_user" in card.text and "<@U0REQ>" in card.text
 
 
@@ -137,6 +143,51 @@ def test_tool_results_on_an_approved_card() -> None:
     long = cards.gate_card(gate, cards.ToolResult(ok=True, output="y" * 50_000))
     assert_valid_message(long)
     assert "Output truncated: first 1,000 of 50,000 characters" in all_text(long.blocks)
+
+
+def test_outcomes_after_a_cancel_are_told() -> None:
+    gate = make_gate(status=GateStatus.APPROVED, decided_by="U0APP", decided_at=time.time())
+
+    def shown(result: cards.ToolResult) -> str:
+        card = cards.gate_card(gate, result)
+        assert_valid_message(card)
+        assert not actions(card.blocks)
+        return all_text(card.blocks)
+
+    never = shown(
+        cards.ToolResult(ok=False, skipped="the run was cancelled before this call started")
+    )
+    assert "⏹️ *Never ran* — the run was cancelled before this call started; not executed" in never
+    running = shown(cards.ToolResult(ok=False, running_at_cancel=True))
+    assert "Was running when the run was cancelled" in running
+    assert "its outcome will appear here" in running and "failed" not in running
+    done = shown(cards.ToolResult(ok=True, output="user 42 deleted", after_cancel=True))
+    assert "▶️ *Finished after the run was cancelled*" in done and "user 42 deleted" in done
+    assert "*Executed*" not in done
+    failed = shown(cards.ToolResult(ok=False, output="boom", after_cancel=True))
+    assert "⚠️ *The tool failed after the run was cancelled*" in failed and "boom" in failed
+    doubt = shown(cards.ToolResult(ok=False, in_doubt=True, after_cancel=True))
+    assert "In doubt" in doubt and "after the run was cancelled" in doubt
+
+
+def test_a_gate_closed_by_its_runs_failure_says_so() -> None:
+    gate = make_gate(
+        status=GateStatus.CANCELLED,
+        decided_by=None,
+        decided_at=time.time(),
+        reason="the run failed: model <!here> unavailable",
+        closed_by_failure=True,
+    )
+    card = cards.gate_card(gate)
+    assert_valid_message(card)
+    text = all_text(card.blocks)
+    assert "✖️ *Closed* — the run failed: model &lt;!here&gt; unavailable; not executed" in text
+    assert "Cancelled" not in text and "Closed" in card.blocks[0]["text"]["text"]
+    assert not actions(card.blocks)
+    assert card.text.startswith("Closed:")
+    # A gate cancelled by a person still reads as cancelled.
+    cancelled = make_gate(status=GateStatus.CANCELLED, decided_by="U0REQ", decided_at=time.time())
+    assert "✖️ *Cancelled*" in all_text(cards.gate_card(cancelled).blocks)
 
 
 def test_20kb_argument_is_truncated_visibly_and_fully_viewable() -> None:

@@ -58,7 +58,7 @@ async def test_slash_command_to_final_answer(
     assert journal_lines(journal) == [], "nothing runs before approval"
 
     resp = await live.client.action(
-        "gate_approve", gate.gate_id, user_id=APPROVER, message_ts=card.ts
+        "gate_approve", cards.button_value(gate), user_id=APPROVER, message_ts=card.ts
     )
     assert resp.status == 200
     done = await finished(live, run_id)
@@ -111,11 +111,16 @@ async def test_deny_with_reason_reaches_the_model(
     card = await live.card(gate.gate_id)
 
     await live.client.action(
-        "gate_deny", gate.gate_id, user_id=APPROVER, trigger_id="trig-1", message_ts=card.ts
+        "gate_deny",
+        cards.button_value(gate),
+        user_id=APPROVER,
+        trigger_id="trig-1",
+        message_ts=card.ts,
     )
     (opened,) = await live.fake.wait_for(lambda f: f.calls_to("views.open"), what="deny modal")
     view = opened.args["view"]
     assert opened.args["trigger_id"] == "trig-1" and view["callback_id"] == cards.DENY_CALLBACK
+    assert json.loads(view["private_metadata"])["args_hash"] == gate.args_hash
     assert (await live.gateway.get_gate(gate.gate_id)).status is GateStatus.PENDING  # type: ignore[union-attr]
 
     values = {
@@ -151,20 +156,29 @@ async def test_unauthorized_and_self_approval_are_refused(
     fake = live.fake
 
     await live.client.action(
-        "gate_approve", gate.gate_id, user_id=STRANGER, response_url=fake.response_url("stranger")
+        "gate_approve",
+        cards.button_value(gate),
+        user_id=STRANGER,
+        response_url=fake.response_url("stranger"),
     )
     (r,) = await fake.wait_for(lambda f: f.responses("stranger"))
     assert "not on the approver list" in r.args["text"] and r.args["response_type"] == "ephemeral"
 
     await live.client.action(
-        "gate_deny", gate.gate_id, user_id=STRANGER, response_url=fake.response_url("stranger2")
+        "gate_deny",
+        cards.button_value(gate),
+        user_id=STRANGER,
+        response_url=fake.response_url("stranger2"),
     )
     (r,) = await fake.wait_for(lambda f: f.responses("stranger2"))
     assert "not on the approver list" in r.args["text"]
     assert not fake.calls_to("views.open"), "no deny form for someone who may not deny"
 
     await live.client.action(
-        "gate_approve", gate.gate_id, user_id=REQUESTER, response_url=fake.response_url("self")
+        "gate_approve",
+        cards.button_value(gate),
+        user_id=REQUESTER,
+        response_url=fake.response_url("self"),
     )
     (r,) = await fake.wait_for(lambda f: f.responses("self"))
     assert "ALLOW_SELF_APPROVAL" in r.args["text"]
@@ -178,7 +192,7 @@ async def test_unauthorized_and_self_approval_are_refused(
     assert journal_lines(journal) == []
 
     # A member of the approver user group (S…) may approve.
-    await live.client.action("gate_approve", gate.gate_id, user_id=GROUP_MEMBER)
+    await live.client.action("gate_approve", cards.button_value(gate), user_id=GROUP_MEMBER)
     assert (await finished(live, run_id)).status is RunStatus.COMPLETED
     assert journal_lines(journal) == ["delete_user:7"]
     assert fake.calls_to("usergroups.users.list")
@@ -193,7 +207,7 @@ async def test_self_approval_allowed_when_enabled(
     fake_openai.script(task, [call("delete_user", {"user_id": "8"}), reply("deleted")])
     run_id = await bot.start_task(task, user_id=REQUESTER)
     gate = await bot.gate_of(run_id)
-    await bot.client.action("gate_approve", gate.gate_id, user_id=REQUESTER)
+    await bot.client.action("gate_approve", cards.button_value(gate), user_id=REQUESTER)
     assert (await finished(bot, run_id)).status is RunStatus.COMPLETED
     assert journal_lines(journal) == ["delete_user:8"]
 
@@ -208,7 +222,10 @@ async def test_no_approvers_means_nobody_approves(
     run_id = await bot.start_task(task)
     gate = await bot.gate_of(run_id)
     await bot.client.action(
-        "gate_approve", gate.gate_id, user_id=APPROVER, response_url=bot.fake.response_url("x")
+        "gate_approve",
+        cards.button_value(gate),
+        user_id=APPROVER,
+        response_url=bot.fake.response_url("x"),
     )
     (r,) = await bot.fake.wait_for(lambda f: f.responses("x"))
     assert "No approvers are configured" in r.args["text"]
@@ -223,17 +240,26 @@ async def test_double_click_and_approve_deny_race_make_one_decision(
     run_id = await live.start_task(task)
     gate = await live.gate_of(run_id)
     fake = live.fake
-    meta = json.dumps({"gate_id": gate.gate_id, "channel": CHANNEL})
+    meta = json.dumps({"gate_id": gate.gate_id, "channel": CHANNEL, "args_hash": gate.args_hash})
     values = {cards.REASON_BLOCK: {cards.REASON_ACTION: {"value": "no"}}}
     clicks = [
         live.client.action(
-            "gate_approve", gate.gate_id, user_id=APPROVER, response_url=fake.response_url("a1")
+            "gate_approve",
+            cards.button_value(gate),
+            user_id=APPROVER,
+            response_url=fake.response_url("a1"),
         ),
         live.client.action(
-            "gate_approve", gate.gate_id, user_id=APPROVER, response_url=fake.response_url("a2")
+            "gate_approve",
+            cards.button_value(gate),
+            user_id=APPROVER,
+            response_url=fake.response_url("a2"),
         ),
         live.client.action(
-            "gate_approve", gate.gate_id, user_id=APPROVER2, response_url=fake.response_url("a3")
+            "gate_approve",
+            cards.button_value(gate),
+            user_id=APPROVER2,
+            response_url=fake.response_url("a3"),
         ),
         live.client.view_submission(cards.DENY_CALLBACK, meta, values=values, user_id=APPROVER2),
         live.client.view_submission(cards.DENY_CALLBACK, meta, values=values, user_id=GROUP_MEMBER),
@@ -282,7 +308,10 @@ async def test_expiry_updates_the_card(
     assert "no decision within 1 s, not executed" in str(msg.blocks)
     assert "gate_approve" not in str(msg.blocks)
     await bot.client.action(
-        "gate_approve", gate.gate_id, user_id=APPROVER, response_url=bot.fake.response_url("late")
+        "gate_approve",
+        cards.button_value(gate),
+        user_id=APPROVER,
+        response_url=bot.fake.response_url("late"),
     )
     (r,) = await bot.fake.wait_for(lambda f: f.responses("late"))
     assert "already expired" in r.args["text"]
@@ -342,7 +371,7 @@ async def test_rate_limited_slack_calls_are_retried(
     run_id = await live.start_task(task)
     gate = await live.gate_of(run_id)
     live.fake.fail_next("chat.update", 2, retry_after=0)
-    await live.client.action("gate_approve", gate.gate_id, user_id=APPROVER)
+    await live.client.action("gate_approve", cards.button_value(gate), user_id=APPROVER)
     await live.wait_card(gate.gate_id, "Approved* by")
     statuses = [
         c.status for c in live.fake.calls if c.method in ("chat.postMessage", "chat.update")
@@ -364,7 +393,7 @@ async def test_slack_outage_never_loses_a_decision(
     live.fake.fail_next(
         "chat.postMessage", 30, status=503, retry_after=None, error="service_unavailable"
     )
-    await live.client.action("gate_approve", gate.gate_id, user_id=APPROVER)
+    await live.client.action("gate_approve", cards.button_value(gate), user_id=APPROVER)
     assert (await finished(live, run_id)).status is RunStatus.COMPLETED
     assert journal_lines(journal) == ["delete_user:13"]
     decided = await live.gateway.get_gate(gate.gate_id)
@@ -382,7 +411,10 @@ async def test_click_after_the_deadline_expires_the_gate(
     gate = await bot.gate_of(run_id)
     await asyncio.sleep(1.3)
     await bot.client.action(
-        "gate_approve", gate.gate_id, user_id=APPROVER, response_url=bot.fake.response_url("late")
+        "gate_approve",
+        cards.button_value(gate),
+        user_id=APPROVER,
+        response_url=bot.fake.response_url("late"),
     )
     (r,) = await bot.fake.wait_for(lambda f: f.responses("late"))
     assert "already expired" in r.args["text"]
@@ -427,12 +459,15 @@ async def test_20kb_argument_card_and_full_view(
 
     live.fake.error_next("views.open", "expired_trigger_id")
     await live.client.action(
-        "gate_deny", gate.gate_id, user_id=APPROVER, response_url=live.fake.response_url("slow")
+        "gate_deny",
+        cards.button_value(gate),
+        user_id=APPROVER,
+        response_url=live.fake.response_url("slow"),
     )
     (r,) = await live.fake.wait_for(lambda f: f.responses("slow"))
     assert "could not open the deny form in time" in r.args["text"]
     assert (await live.gateway.get_gate(gate.gate_id)).status is GateStatus.PENDING  # type: ignore[union-attr]
-    await live.client.action("gate_approve", gate.gate_id, user_id=APPROVER)
+    await live.client.action("gate_approve", cards.button_value(gate), user_id=APPROVER)
     assert (await finished(live, run_id)).status is RunStatus.COMPLETED
     assert journal_lines(journal) == ["send_email:board@bigcorp.com"]
 
@@ -444,7 +479,7 @@ async def test_shutdown_finishes_acknowledged_clicks(
     fake_openai.script(task, [call("delete_user", {"user_id": "15"}), reply("ok")])
     run_id = await live.start_task(task)
     gate = await live.gate_of(run_id)
-    resp = await live.client.action("gate_approve", gate.gate_id, user_id=APPROVER)
+    resp = await live.client.action("gate_approve", cards.button_value(gate), user_id=APPROVER)
     assert resp.status == 200
     await live.server.stop()  # SIGTERM right after Slack got its ack
     decided = await live.gateway.get_gate(gate.gate_id)

@@ -191,3 +191,12 @@ async def test_redis_outage_gives_clear_answers_and_unhealthy(
     finally:
         await server.stop()
         await dead.aclose()
+
+
+async def test_a_task_mentioning_the_word_payload_starts(bot: BotHarness) -> None:
+    """Bolt took any form body containing "payload" for an interactive payload and read the
+    command as empty: Slack got 404 for ``/agent summarize the payload``."""
+    task = "summarize the payload of job 3"
+    run_id = await bot.start_task(task)
+    run = await bot.gateway.get_run(run_id)
+    assert run is not None and run.task == task

@@ -21,3 +21,5 @@ def test_manifest_points_slack_at_the_bot() -> None:
 def test_manifest_grants_the_scopes_the_bot_uses() -> None:
     scopes = re.findall(r"^\s+- ([a-z:.]+)\s", MANIFEST, re.MULTILINE)
     assert {"commands", "chat:write", "usergroups:read"} <= set(scopes)
+    # conversations.replies / conversations.history, to find a card posted before a crash
+    assert {"channels:history", "groups:history", "im:history", "mpim:history"} <= set(scopes)

@@ -10,7 +10,8 @@ from typing import Any
 from agent_core import EventType
 from agent_core.events import parse_event
 from agent_core.streams import StreamMessage
-from agent_core.testing import FakeOpenAI, call, reply
+from agent_core.testing import FakeOpenAI, call, calls, reply
+from bot import cards
 from bot.notifier import Notifier
 from tests.bot.conftest import APPROVER, CHANNEL, BotHarness, wait_until
 
@@ -37,7 +38,7 @@ async def run_to_completion(live: BotHarness, fake_openai: FakeOpenAI, task: str
     )
     run_id = await live.start_task(task)
     gate = await live.gate_of(run_id)
-    await live.client.action("gate_approve", gate.gate_id, user_id=APPROVER)
+    await live.client.action("gate_approve", cards.button_value(gate), user_id=APPROVER)
     thread_ts = (await live.gateway.get_run(run_id)).origin["thread_ts"]  # type: ignore[union-attr]
     await live.fake.wait_for(
         lambda f: any("all done" in m.text for m in f.thread(CHANNEL, thread_ts))
@@ -200,3 +201,117 @@ async def test_card_refused_for_size_falls_back_to_a_compact_one(
         await live.redis.hget(live.keys.ext("slack-card", gate.gate_id), "ts")
         == accepted.response["ts"]
     )
+
+
+async def approved_with_no_worker(
+    live: BotHarness, fake_openai: FakeOpenAI, task: str, n: int
+) -> tuple[str, list[Any]]:
+    """A run with ``n`` approved gates (cards posted) whose calls no worker will run."""
+    fake_openai.script(
+        task, [calls([("delete_user", {"user_id": str(i)}) for i in range(n)]), reply("never")]
+    )
+    run_id = await live.start_task(task)
+
+    async def carded() -> list[Any]:
+        gates = await live.gateway.pending_gates(run_id)
+        ready = [
+            g for g in gates if await live.redis.hget(live.keys.ext("slack-card", g.gate_id), "ts")
+        ]
+        return ready if len(ready) == n else []
+
+    gates = await wait_until(carded)
+    assert live.core is not None
+    await live.core.close()  # the worker stops: the events below stand in for its own
+    live.core = None
+    for g in gates:
+        await live.gateway.decide(g.gate_id, "approve", by=APPROVER)
+        await live.wait_card(g.gate_id, "Running…")
+    return run_id, gates
+
+
+async def test_cancel_tells_which_approved_calls_never_ran_and_which_were_running(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    run_id, (never, running, done) = await approved_with_no_worker(
+        live, fake_openai, "cancel in the middle", 3
+    )
+    origin = never.origin
+    # The third call had finished before the cancel: its outcome is already on its card.
+    executed = {
+        "gate_id": done.gate_id,
+        "tool": "delete_user",
+        "ok": True,
+        "output": "user 2 deleted",
+    }
+    await xadd_event(live, "tool.executed", run_id, {**executed, "origin": origin})
+    await live.wait_card(done.gate_id, "Executed")
+    cancelled = {
+        "run_id": run_id,
+        "by": "U0REQ",
+        "reason": None,
+        "origin": origin,
+        "never_ran": [never.gate_id],
+        "running": [running.gate_id],
+    }
+    await xadd_event(live, "run.cancelled", run_id, cancelled)
+    msg = await live.wait_card(never.gate_id, "Never ran")
+    assert "the run was cancelled before this call started; not executed" in str(msg.blocks)
+    assert "Running…" not in str(msg.blocks)
+    msg = await live.wait_card(running.gate_id, "Was running when the run was cancelled")
+    assert "its outcome will appear here" in str(msg.blocks) and "Running…" not in str(msg.blocks)
+    # The call still running at the cancel finishes: its card tells how, and that it was late.
+    late = {
+        "gate_id": running.gate_id,
+        "tool": "delete_user",
+        "ok": True,
+        "output": "user 1 deleted",
+    }
+    await xadd_event(
+        live, "tool.executed", run_id, {**late, "after_cancel": True, "origin": origin}
+    )
+    msg = await live.wait_card(running.gate_id, "Finished after the run was cancelled")
+    assert "user 1 deleted" in str(msg.blocks) and "Was running" not in str(msg.blocks)
+    # A redelivered cancel changes none of the outcomes already shown.
+    await xadd_event(live, "run.cancelled", run_id, cancelled)
+    await asyncio.sleep(0.3)
+    assert "Finished after the run was cancelled" in str((await live.card(running.gate_id)).blocks)
+    assert "user 2 deleted" in str((await live.card(done.gate_id)).blocks)
+    assert "Never ran" not in str((await live.card(done.gate_id)).blocks)
+
+
+async def test_a_call_that_fails_after_the_cancel_says_so(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    run_id, (gate,) = await approved_with_no_worker(live, fake_openai, "fail after cancel", 1)
+    origin = gate.origin
+    await xadd_event(
+        live,
+        "run.cancelled",
+        run_id,
+        {
+            "run_id": run_id,
+            "by": "U0REQ",
+            "origin": origin,
+            "never_ran": [],
+            "running": [gate.gate_id],
+        },
+    )
+    await live.wait_card(gate.gate_id, "Was running when the run was cancelled")
+    failed = {"gate_id": gate.gate_id, "tool": "delete_user", "ok": False, "output": "boom"}
+    await xadd_event(
+        live, "tool.executed", run_id, {**failed, "after_cancel": True, "origin": origin}
+    )
+    msg = await live.wait_card(gate.gate_id, "The tool failed after the run was cancelled")
+    assert "boom" in str(msg.blocks)
+
+
+async def test_a_cancel_event_without_the_lists_still_ends_running(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """Events from an older core carry no never_ran/running lists: the old guess stands."""
+    run_id, (gate,) = await approved_with_no_worker(live, fake_openai, "old cancel event", 1)
+    await xadd_event(
+        live, "run.cancelled", run_id, {"run_id": run_id, "by": "U0REQ", "origin": gate.origin}
+    )
+    msg = await live.wait_card(gate.gate_id, "Never ran")
+    assert "not executed" in str(msg.blocks) and "Running…" not in str(msg.blocks)

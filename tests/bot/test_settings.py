@@ -43,6 +43,7 @@ def test_defaults() -> None:
         "",
     )
     assert not s.socket_mode
+    assert s.allow_external_approvers is False, "Slack Connect users are not approvers by default"
     assert "SUPERSECRET" not in repr(s) and "SUPERSECRET" not in str(s.model_dump())
 
 
@@ -68,11 +69,16 @@ def test_api_url_gets_its_trailing_slash() -> None:
         (base(PORT="http"), "PORT is invalid"),
         (base(PORT="70000"), "PORT is invalid"),
         (base(ALLOW_SELF_APPROVAL="maybe"), "ALLOW_SELF_APPROVAL is invalid"),
+        (base(ALLOW_EXTERNAL_APPROVERS="maybe"), "ALLOW_EXTERNAL_APPROVERS is invalid"),
         (base(SLASH_COMMAND="agent"), "SLASH_COMMAND is invalid"),
     ],
 )
 def test_bad_settings_name_the_variable(values: dict[str, str], expected: str) -> None:
     assert expected in error_of(**values)
+
+
+def test_external_approvers_can_be_allowed() -> None:
+    assert load_settings(**base(ALLOW_EXTERNAL_APPROVERS="true")).allow_external_approvers
 
 
 def test_socket_mode_needs_no_signing_secret() -> None:

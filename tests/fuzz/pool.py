@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 from slack_sdk.web.async_client import AsyncWebClient
@@ -41,10 +42,12 @@ class GatePool:
         runs: int = 2,
         per_run: int = 2,
         slack: AsyncWebClient | None = None,
+        threaded: bool = True,
     ) -> None:
         self.redis = redis
         self.gateway = gateway
         self.slack = slack
+        self.threaded = threaded  # False: runs started outside a thread (no thread_ts)
         self.runs = runs
         self.per_run = per_run
         self.gates: list[PoolGate] = []
@@ -70,18 +73,21 @@ class GatePool:
     async def _open_run(self) -> str:
         gw = self.gateway
         thread_ts = "1700000000.000001"
-        if self.slack is not None:  # a root message, as /agent posts it, for the run's updates
+        if (
+            self.slack is not None and self.threaded
+        ):  # a root message, as /agent posts it, for the run's updates
             thread_ts = str((await self.slack.chat_postMessage(channel=CHANNEL, text="task"))["ts"])
+        origin = (
+            {"channel": CHANNEL, "thread_ts": thread_ts} if self.threaded else {"channel": CHANNEL}
+        )
         run = await gw.start_run(
-            f"fuzz {secrets.token_hex(4)}",
-            requested_by=REQUESTER,
-            origin={"channel": CHANNEL, "thread_ts": thread_ts},
+            f"fuzz {secrets.token_hex(4)}", requested_by=REQUESTER, origin=origin
         )
         k = gw.keys
         await self.redis.hset(
             k.run(run.run_id), mapping={"status": "running", "turn": 1, "phase": "tools"}
         )
-        calls = [
+        calls: list[dict[str, Any]] = [
             {
                 "id": f"c{i}",
                 "name": "delete_user",

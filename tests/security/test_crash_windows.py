@@ -1,9 +1,8 @@
 """Crash windows the soak (tests/soak/test_soak.py) runs into, reproduced deterministically.
 
 Each is a way for Slack to tell an approver something that is not true after a process dies
-or a run is cancelled at the wrong moment. They are bugs in bot/ (strict xfail tests: when a
-fix lands, the test passes and the mark must go). The "what happens today" tests pin the
-mechanism each xfail relies on.
+or a run is cancelled at the wrong moment. A bug found here is first pinned as a strict xfail;
+when its fix lands, the mark goes and the comment above the test says what was fixed.
 """
 
 from __future__ import annotations
@@ -13,21 +12,21 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import redis.asyncio as aioredis
 from redis.asyncio import Redis
+from slack_sdk.web.async_client import AsyncWebClient
 
 from agent_core import Gateway, Keys
 from agent_core.testing import FakeOpenAI, calls, reply
 from bot import cards
+from bot.publisher import card_metadata
 from bot.server import BotServer
-from bot.testing import FakeSlack, SlackClient
+from bot.testing import FakeSlack, SlackCall, SlackClient
 from tests.bot.conftest import (
     APPROVER,
     CHANNEL,
@@ -39,22 +38,9 @@ from tests.bot.conftest import (
     wait_until,
 )
 from tests.fuzz.pool import GatePool
-from tests.redis_server import RedisServer, free_port
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def live_buttons(fake: FakeSlack, gate_id: str) -> list[str]:
-    """The ts of every message that still offers Approve/Deny for the gate."""
-    out = []
-    for m in fake.messages:
-        for b in m.blocks:
-            if b.get("type") == "actions" and any(
-                e.get("value") == gate_id and e.get("action_id") == cards.APPROVE_ACTION
-                for e in b.get("elements", [])
-            ):
-                out.append(m.ts)
-    return out
+from tests.redis_server import RedisServer
+from tests.security.seen import button_value, live_buttons
+from tests.security.webproc import WebProcess, age_pending_events, expire_locks, start_web
 
 
 # --------------------------------------------------------------------------- 1. ack, then crash
@@ -63,41 +49,13 @@ async def web_on_private_redis(
     fake_slack: FakeSlack, tmp_path: Path
 ) -> AsyncIterator[tuple[RedisServer, subprocess.Popen[bytes], str]]:
     server = RedisServer().start()
-    port = free_port()
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": os.environ.get("HOME", "/tmp"),
-        "PYTHONPATH": str(ROOT),
-        "REDIS_URL": server.url,
-        "KEY_PREFIX": "t",
-        "AGENT": "tests.agents:ops",
-        "SLACK_BOT_TOKEN": fake_slack.token,
-        "SLACK_SIGNING_SECRET": SIGNING_SECRET,
-        "SLACK_API_URL": fake_slack.base_url,
-        "APPROVERS": APPROVER,
-        "PORT": str(port),
-    }
-    with (tmp_path / "web.log").open("wb") as log:
-        web = subprocess.Popen(
-            [sys.executable, "-m", "bot"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    async def healthy() -> bool:
-        assert web.poll() is None, (tmp_path / "web.log").read_text()
-        try:
-            async with aiohttp.ClientSession() as s, s.get(url + "/healthz") as r:
-                return r.status == 200
-        except aiohttp.ClientError:
-            return False
-
     try:
-        await wait_until(healthy, timeout=30, interval=0.05)
-        yield server, web, url
+        web = await start_web(server.url, fake_slack, tmp_path / "web.log")
+        try:
+            yield server, web.proc, web.url
+        finally:
+            web.kill()
     finally:
-        if web.poll() is None:
-            os.kill(web.pid, signal.SIGKILL)
-            web.wait(10)
         server.close()
 
 
@@ -111,10 +69,11 @@ async def test_an_acknowledged_click_survives_a_web_crash(
         pool = await GatePool(redis, Gateway(redis, Keys("t")), runs=1, per_run=1).fill()
         gate_id = pool.gate_ids[0]
         slack = SlackClient(url + "/slack/events", SIGNING_SECRET, fake=fake_slack)
+        value = await button_value(fake_slack, gate_id)
         # Writes (EVALSHA included) wait while reads go on: the click's handler reads the gate,
         # then blocks on the decision, as a slow or failing Redis would hold it.
         await redis.execute_command("CLIENT", "PAUSE", "5000", "WRITE")
-        click = asyncio.ensure_future(slack.action(cards.APPROVE_ACTION, gate_id, user_id=APPROVER))
+        click = asyncio.ensure_future(slack.action(cards.APPROVE_ACTION, value, user_id=APPROVER))
         done, _ = await asyncio.wait({click}, timeout=1.0)
         await asyncio.sleep(0.2)
         os.kill(web.pid, signal.SIGKILL)  # the crash
@@ -152,7 +111,8 @@ async def test_an_approved_call_of_a_cancelled_run_does_not_show_running(
         return posted if len(posted) == 2 else []
 
     first, second = await wait_until(two_cards)
-    await live.client.action(cards.APPROVE_ACTION, first.gate_id, user_id=APPROVER)
+    value = await button_value(live.fake, first.gate_id)
+    await live.client.action(cards.APPROVE_ACTION, value, user_id=APPROVER)
     await live.wait_card(first.gate_id, "Approved* by")
     await live.client.command(f"cancel {run_id}", user_id=REQUESTER)
     await live.wait_card(second.gate_id, "Cancelled")
@@ -194,6 +154,23 @@ async def test_an_acknowledged_slash_command_survives_a_crash(
 
 
 # --------------------------------------------------------------------------- 3. post, then crash
+# Fixed: a web process killed between chat.postMessage and recording the card's ts used to
+# leave a second card on redelivery, the first one keeping live buttons forever. The intent
+# to post is recorded first, the card carries the gate id as message metadata, and the
+# redelivery finds and adopts it (conversations.replies/history, include_all_metadata).
+def gate_cards(fake: FakeSlack, gate_id: str) -> list[str]:
+    """The ts of every message that is a card of the gate (its metadata names the gate)."""
+    return [
+        m.ts
+        for m in fake.messages
+        if (m.metadata or {}).get("event_payload", {}).get("gate_id") == gate_id
+    ]
+
+
+def card_posts(fake: FakeSlack) -> list[SlackCall]:
+    return [c for c in fake.calls_to("chat.postMessage") if "metadata" in c.args]
+
+
 @pytest.fixture
 async def publisher_only(
     redis: Redis, fake_slack: FakeSlack
@@ -207,52 +184,152 @@ async def publisher_only(
     yield server, pool
 
 
-async def test_a_crash_between_posting_a_card_and_recording_it_posts_it_twice(
-    publisher_only: tuple[BotServer, GatePool],
-    fake_slack: FakeSlack,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """What happens today (the mechanism of the xfail below)."""
-    server, pool = publisher_only
+async def crash_after_posting(server: BotServer, gate_id: str) -> None:
+    """``show_gate`` in a process that dies right after chat.postMessage answered."""
     store, publisher = server.context.store, server.context.publisher
-    gate_id = pool.gate_ids[0]
-    with monkeypatch.context() as m:
-        m.setattr(store, "save_card", _crash)  # dies right after chat.postMessage answered
+    store.save_card = _crash  # type: ignore[method-assign,assignment]
+    try:
         with pytest.raises(_Crash):
             await publisher.show_gate(gate_id)
-    await publisher.show_gate(gate_id)  # gate.opened, redelivered to the restarted web
-    assert len(live_buttons(fake_slack, gate_id)) == 2, "two cards, both with buttons"
+    finally:
+        del store.save_card  # the class's method again
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Publisher.show_gate posts a card (chat.postMessage), then records where it is "
-        "(Store.save_card). A web process that dies in between leaves the event unacknowledged; "
-        "its redelivery posts a second card, and the first one is never updated again: it "
-        "keeps live Approve/Deny buttons after the gate is decided (invariant 7). Fix: make "
-        "the post idempotent, e.g. attach the gate id as message metadata and, before posting, "
-        "look for it in the thread (conversations.replies with include_all_metadata), or "
-        "record each posted ts and update every card of the gate."
-    ),
-)
+async def test_a_redelivered_gate_adopts_the_card_posted_before_the_crash(
+    publisher_only: tuple[BotServer, GatePool], fake_slack: FakeSlack
+) -> None:
+    server, pool = publisher_only
+    gate_id = pool.gate_ids[0]
+    await crash_after_posting(server, gate_id)
+    (first,) = gate_cards(fake_slack, gate_id)
+    await server.context.publisher.show_gate(gate_id)  # gate.opened, redelivered
+    assert gate_cards(fake_slack, gate_id) == [first], "no second card"
+    assert len(card_posts(fake_slack)) == 1
+    (lookup,) = fake_slack.calls_to("conversations.replies")
+    assert lookup.args["include_all_metadata"] in ("1", "true")
+    assert (await server.context.store.card(gate_id)).ts == first
+
+
 async def test_no_card_keeps_live_buttons_after_a_crash_between_post_and_record(
-    publisher_only: tuple[BotServer, GatePool],
-    fake_slack: FakeSlack,
-    redis: Redis,
-    monkeypatch: pytest.MonkeyPatch,
+    publisher_only: tuple[BotServer, GatePool], fake_slack: FakeSlack
 ) -> None:
     server, pool = publisher_only
-    store, publisher = server.context.store, server.context.publisher
+    publisher = server.context.publisher
     gate_id = pool.gate_ids[0]
-    with monkeypatch.context() as m:
-        m.setattr(store, "save_card", _crash)
-        with pytest.raises(_Crash):
-            await publisher.show_gate(gate_id)
+    await crash_after_posting(server, gate_id)
     await publisher.show_gate(gate_id)
     await pool.gateway.decide(gate_id, "approve", by=APPROVER)
     await publisher.show_gate(gate_id)  # gate.decided
     assert live_buttons(fake_slack, gate_id) == []
+    (card,) = gate_cards(fake_slack, gate_id)
+    assert fake_slack.shows(CHANNEL, card, "Approved")
+
+
+async def test_a_card_outside_a_thread_is_found_in_the_channel(
+    redis: Redis, fake_slack: FakeSlack
+) -> None:
+    gateway = Gateway(redis, Keys("t"))
+    server = BotServer(
+        bot_settings(fake_slack), redis, gateway, host="127.0.0.1", port=0, run_notifier=False
+    )
+    pool = await GatePool(redis, gateway, runs=1, per_run=1, threaded=False).fill()
+    gate_id = pool.gate_ids[0]
+    await crash_after_posting(server, gate_id)
+    await server.context.publisher.show_gate(gate_id)
+    await gateway.decide(gate_id, "deny", by=APPROVER)
+    await server.context.publisher.show_gate(gate_id)
+    (card,) = gate_cards(fake_slack, gate_id)
+    assert fake_slack.message(CHANNEL, card).thread_ts is None  # type: ignore[union-attr]
+    assert fake_slack.calls_to("conversations.history") and live_buttons(fake_slack, gate_id) == []
+
+
+async def test_when_slack_refuses_the_lookup_the_card_is_posted_again(
+    publisher_only: tuple[BotServer, GatePool],
+    fake_slack: FakeSlack,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A workspace that never granted the history scopes: the card still gets shown (as
+    before the fix, the one posted before the crash is not updated), and the log says so."""
+    server, pool = publisher_only
+    gate_id = pool.gate_ids[0]
+    await crash_after_posting(server, gate_id)
+    fake_slack.error_next("conversations.replies", "missing_scope")
+    await server.context.publisher.show_gate(gate_id)
+    _first, second = gate_cards(fake_slack, gate_id)
+    assert (await server.context.store.card(gate_id)).ts == second
+    assert "missing_scope" in caplog.text and "posting it again" in caplog.text
+
+
+async def test_every_message_of_a_gate_is_updated(
+    publisher_only: tuple[BotServer, GatePool], fake_slack: FakeSlack
+) -> None:
+    """Two processes posted the gate's card (one paused past its lock): both are recorded and
+    both are updated when the gate is decided."""
+    server, pool = publisher_only
+    store, publisher = server.context.store, server.context.publisher
+    gate_id = pool.gate_ids[0]
+    await publisher.show_gate(gate_id)
+    gate = await pool.gateway.get_gate(gate_id)
+    assert gate is not None
+    card = cards.gate_card(gate)
+    late = await server.client.chat_postMessage(
+        channel=CHANNEL,
+        thread_ts=gate.origin["thread_ts"],
+        text=card.text,
+        blocks=card.blocks,
+        metadata=card_metadata(gate_id),
+    )
+    assert not await store.save_card(gate_id, CHANNEL, str(late["ts"]), "late")
+    assert len(live_buttons(fake_slack, gate_id)) == 2
+    await pool.gateway.decide(gate_id, "approve", by=APPROVER)
+    await publisher.show_gate(gate_id)
+    assert live_buttons(fake_slack, gate_id) == []
+    assert all(fake_slack.shows(CHANNEL, ts, "Approved") for ts in gate_cards(fake_slack, gate_id))
+
+
+async def test_a_web_killed_while_posting_a_card_leaves_one_card(
+    fake_slack: FakeSlack, tmp_path: Path
+) -> None:
+    """The real thing: the card is posted and the web process is SIGKILLed before Slack's
+    answer reaches it; the restarted web gets the event again, adopts the card, and the click
+    on it updates it."""
+    server = RedisServer().start()
+    redis = aioredis.Redis.from_url(server.url, decode_responses=True)
+    webs: list[WebProcess] = []
+    try:
+        fake_slack.hold("chat.postMessage", when=lambda args: "metadata" in args)
+        webs.append(await start_web(server.url, fake_slack, tmp_path / "web.log"))
+        slack_api = AsyncWebClient(token=fake_slack.token, base_url=fake_slack.base_url)
+        pool = GatePool(redis, Gateway(redis, Keys("t")), runs=1, per_run=1, slack=slack_api)
+        await pool.fill()
+        gate_id = pool.gate_ids[0]
+        await fake_slack.wait_for(lambda f: f.held == 1, what="the card's post, held")
+        (posted,) = live_buttons(fake_slack, gate_id)
+        webs[0].kill()  # Slack posted the card; the process never learned where
+        fake_slack.release()
+        # What 30 s bring: the dead process's card lock expires, its events become claimable.
+        await expire_locks(redis)
+        assert await age_pending_events(redis, webs[0].consumer) >= 1
+        webs.append(await start_web(server.url, fake_slack, tmp_path / "web.log"))
+
+        async def adopted() -> bool:
+            return bool(await redis.hget(Keys("t").ext("slack-card", gate_id), "ts") == posted)
+
+        await wait_until(adopted, timeout=15)
+        slack = SlackClient(webs[1].events_url, SIGNING_SECRET, fake=fake_slack)
+        value = await button_value(fake_slack, gate_id)  # what the click on the card sends
+        resp = await slack.action(cards.APPROVE_ACTION, value, user_id=APPROVER, message_ts=posted)
+        assert resp.status == 200
+        await fake_slack.wait_for(lambda f: f.shows(CHANNEL, posted, "Approved"), timeout=15)
+        assert gate_cards(fake_slack, gate_id) == [posted], "one card, never posted twice"
+        assert live_buttons(fake_slack, gate_id) == []
+        assert len(card_posts(fake_slack)) == 1
+    finally:
+        fake_slack.release()
+        for web in webs:
+            web.kill()
+        await redis.aclose()
+        server.close()
 
 
 class _Crash(Exception):

@@ -40,6 +40,7 @@ from tests.bot.conftest import (
     wait_until,
 )
 from tests.fuzz.pool import GatePool, settle
+from tests.security.seen import button_value
 
 REQUESTER2 = "U0REQTWO"
 
@@ -88,7 +89,8 @@ async def test_a_replayed_approve_click_decides_once_and_runs_once(
     run_id = await live.start_task(task)
     gate = await live.gate_of(run_id)
     fake = live.fake
-    body = click_body(live.client, cards.APPROVE_ACTION, gate.gate_id, APPROVER, fake, "once")
+    value = await button_value(fake, gate.gate_id)  # what a click on the card sends
+    body = click_body(live.client, cards.APPROVE_ACTION, value, APPROVER, fake, "once")
     ts = str(int(time.time()))
 
     first = await post_signed(live.client, body, ts)
@@ -158,9 +160,10 @@ async def test_stale_future_and_forged_clicks_change_nothing(
 ) -> None:
     gate_id = pool.gate_ids[0]
     fake = bot.fake
-    body = click_body(bot.client, cards.APPROVE_ACTION, gate_id, APPROVER, fake, "stale")
-    now = int(time.time())
     await pool.carded()
+    value = await button_value(fake, gate_id)
+    body = click_body(bot.client, cards.APPROVE_ACTION, value, APPROVER, fake, "stale")
+    now = int(time.time())
     before = sorted(await redis.keys("*"))
     attempts = [
         (str(now - 301), sign(SIGNING_SECRET, str(now - 301), body)),  # replayed too late
@@ -253,7 +256,8 @@ async def test_a_button_value_naming_a_gate_of_another_run(
     assert (await gate_state(bot, gate_b.gate_id)).status is GateStatus.PENDING
 
     # An approver: gate B is decided (it is named), gate A is not.
-    await bot.client.action(cards.APPROVE_ACTION, gate_b.gate_id, user_id=APPROVER, **on_card_a)
+    value_b = await button_value(fake_slack, gate_b.gate_id)
+    await bot.client.action(cards.APPROVE_ACTION, value_b, user_id=APPROVER, **on_card_a)
     await settle(bot)
     assert (await gate_state(bot, gate_a.gate_id)).status is GateStatus.PENDING
     assert (await gate_state(bot, gate_b.gate_id)).status is GateStatus.APPROVED

@@ -37,6 +37,7 @@ from bot import cards
 from bot.testing import FakeSlack, SlackClient
 from tests.bot.conftest import APPROVER, CHANNEL, REQUESTER, wait_until
 from tests.redis_server import RedisServer, free_port
+from tests.security.seen import button_value
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -183,7 +184,8 @@ async def test_no_secret_in_logs_errors_or_slack_messages(processes: Processes) 
         # Slack failing while the card is updated: 5xx (retried later), then a permanent error.
         fake.fail_next("chat.update", 2, status=500, retry_after=None, error="internal_error")
         fake.error_next("chat.update", "invalid_auth")  # after the two 5xx: a permanent one
-        click = await slack.action(cards.APPROVE_ACTION, gate_id, user_id=APPROVER)
+        value = await button_value(fake, gate_id)  # what a click on the card sends
+        click = await slack.action(cards.APPROVE_ACTION, value, user_id=APPROVER)
         assert click.status == 200
         await wait_until(lambda: run_done(admin, "ok task"), timeout=20)
         await fake.wait_for(lambda f: len([c for c in f.calls_to("chat.update") if not c.ok]) >= 3)

@@ -1,0 +1,80 @@
+"""The fake Slack's message metadata, history and held answers, through slack_sdk over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.testing import FakeSlack
+
+META = {"event_type": "approval_gate", "event_payload": {"gate_id": "g1"}}
+
+
+@pytest.fixture
+def api(fake_slack: FakeSlack) -> AsyncWebClient:
+    return AsyncWebClient(token=fake_slack.token, base_url=fake_slack.base_url)
+
+
+async def test_metadata_is_returned_only_when_asked_for(api: AsyncWebClient) -> None:
+    root = await api.chat_postMessage(channel="C1", text="root")
+    card = await api.chat_postMessage(
+        channel="C1", thread_ts=root["ts"], text="card", metadata=META
+    )
+    plain = await api.conversations_replies(channel="C1", ts=root["ts"])
+    assert [m["ts"] for m in plain["messages"]] == [root["ts"], card["ts"]]
+    assert all("metadata" not in m for m in plain["messages"])
+    assert plain["messages"][0]["reply_count"] == 1
+    assert plain["messages"][1]["thread_ts"] == root["ts"]
+    full = await api.conversations_replies(channel="C1", ts=root["ts"], include_all_metadata=True)
+    assert full["messages"][1]["metadata"] == META and full["messages"][1]["bot_id"]
+    # chat.update without metadata keeps it
+    await api.chat_update(channel="C1", ts=card["ts"], text="decided")
+    again = await api.conversations_replies(channel="C1", ts=card["ts"], include_all_metadata=True)
+    assert again["messages"][1]["metadata"] == META
+
+
+async def test_history_pages_top_level_messages_newest_first(api: AsyncWebClient) -> None:
+    posted = [(await api.chat_postMessage(channel="C2", text=f"m{i}"))["ts"] for i in range(3)]
+    await api.chat_postMessage(channel="C2", thread_ts=posted[0], text="a reply")
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page = await api.conversations_history(channel="C2", limit=2, cursor=cursor)
+        seen += [m["ts"] for m in page["messages"]]
+        cursor = page["response_metadata"]["next_cursor"]
+        assert bool(cursor) == page["has_more"]
+        if not cursor:
+            break
+    assert seen == posted[::-1]
+    newer = await api.conversations_history(channel="C2", oldest=posted[0])
+    assert [m["ts"] for m in newer["messages"]] == posted[:0:-1]
+
+
+async def test_slack_errors(api: AsyncWebClient, fake_slack: FakeSlack) -> None:
+    with pytest.raises(SlackApiError) as err:
+        await api.conversations_replies(channel="C3", ts="1.000001")
+    assert err.value.response["error"] == "thread_not_found"
+    with pytest.raises(SlackApiError) as err:
+        await api.chat_postMessage(channel="C3", text="x", metadata={"event_type": "x"})
+    assert err.value.response["error"] == "invalid_metadata_format"
+    fake_slack.block_channel("C4")
+    with pytest.raises(SlackApiError) as err:
+        await api.conversations_history(channel="C4")
+    assert err.value.response["error"] == "not_in_channel"
+
+
+async def test_a_held_answer_comes_after_the_message_is_posted(
+    api: AsyncWebClient, fake_slack: FakeSlack
+) -> None:
+    fake_slack.hold("chat.postMessage", when=lambda args: "metadata" in args)
+    await api.chat_postMessage(channel="C5", text="not held")
+    posting = asyncio.ensure_future(api.chat_postMessage(channel="C5", text="held", metadata=META))
+    await fake_slack.wait_for(lambda f: f.held == 1)
+    assert [m.text for m in fake_slack.messages] == ["not held", "held"]
+    assert not posting.done()
+    fake_slack.release()
+    resp = await asyncio.wait_for(posting, timeout=5)
+    assert resp["ts"] == fake_slack.messages[-1].ts and fake_slack.held == 0
