@@ -69,13 +69,23 @@ class Gateway:
         self._decide = redis.register_script(scripts.DECIDE_GATE)
         self._cancel = redis.register_script(scripts.CANCEL_RUN)
         self._repair = redis.register_script(scripts.REPAIR_RUN)
+        self._start = redis.register_script(scripts.START_RUN)
         self._check_cursor = 0
 
     # --- runs -------------------------------------------------------------------------
     async def start_run(
-        self, task: str, requested_by: str, origin: dict[str, Any] | None = None
+        self,
+        task: str,
+        requested_by: str,
+        origin: dict[str, Any] | None = None,
+        *,
+        idempotency_key: str | None = None,
     ) -> Run:
-        """Queue a new run of the agent on ``task``; a worker picks it up."""
+        """Queue a new run of the agent on ``task``; a worker picks it up.
+
+        With ``idempotency_key`` (a Slack trigger id, a request id), calling again with the
+        same key within a day returns the run the first call started and starts nothing.
+        """
         task = clean_text(task).strip()
         if not task:
             raise ValueError("the task is empty")
@@ -83,6 +93,8 @@ class Gateway:
             raise ValueError(f"the task is longer than {MAX_TASK_CHARS} characters")
         if not requested_by:
             raise ValueError("requested_by is required")
+        if idempotency_key is not None and not 0 < len(idempotency_key) <= 200:
+            raise ValueError("idempotency_key must be 1 to 200 characters")
         run_id = new_run_id()
         now = time.time()
         fields = {
@@ -93,20 +105,35 @@ class Gateway:
             "origin": json.dumps(origin or {}),
             "status": "queued",
             "phase": "model",
-            "turn": 0,
-            "pending": 0,
+            "turn": "0",
+            "pending": "0",
             "created_at": f"{now:.6f}",
             "updated_at": f"{now:.6f}",
         }
         k = self.keys
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(k.run(run_id), mapping=fields)
-            pipe.rpush(k.history(run_id), json.dumps({"role": "user", "content": task}))
-            pipe.zadd(k.user_runs(requested_by), {run_id: now})
-            pipe.zadd(k.active(), {run_id: now})
-            pipe.xadd(k.jobs(), {"type": "start", "run_id": run_id})
-            await pipe.execute()
-        return Run.from_hash({k2: str(v) for k2, v in fields.items()})
+        got = await self._start(
+            keys=[
+                k.start_key(idempotency_key) if idempotency_key else k.run(run_id),
+                k.run(run_id),
+                k.history(run_id),
+                k.user_runs(requested_by),
+                k.active(),
+                k.jobs(),
+            ],
+            args=[
+                "1" if idempotency_key else "0",
+                run_id,
+                json.dumps({"role": "user", "content": task}),
+                f"{now:.6f}",
+                86400,
+                *(x for kv in fields.items() for x in kv),
+            ],
+        )
+        if got != run_id:
+            existing = await self.get_run(str(got))
+            if existing is not None:
+                return existing
+        return Run.from_hash(fields)
 
     async def get_run(self, run_id: str) -> Run | None:
         """The run, or None."""

@@ -36,6 +36,10 @@ class Keys:
         """Set: every gate id the run ever opened."""
         return f"{self._base}:run:{run_id}:gates"
 
+    def start_key(self, key: str) -> str:
+        """String: the run an idempotency key (e.g. a Slack trigger id) already started."""
+        return f"{self._base}:start:{key}"
+
     def active(self) -> str:
         """Sorted set: runs not finished yet, scored by start time (the stuck-run checker)."""
         return f"{self._base}:active"

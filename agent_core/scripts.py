@@ -52,6 +52,35 @@ local function rpush_from(key, argv, first)
 end
 """
 
+# Start a run: its hash, first message, indexes and start job, at most once per idempotency
+# key (a Slack trigger id), so a client retry after a lost reply starts nothing twice.
+# KEYS[1] idempotency key ('' key name when none: then KEYS[1] is the run hash again),
+# KEYS[2] run hash, KEYS[3] history list, KEYS[4] user's runs zset, KEYS[5] active-runs zset,
+# KEYS[6] jobs stream
+# ARGV[1] '1' when KEYS[1] is a real idempotency key, ARGV[2] run id, ARGV[3] first message
+# JSON, ARGV[4] now (score), ARGV[5] key TTL in seconds, ARGV[6..] run hash field/value pairs
+# Returns the run id: the new one, or the one the key already started.
+START_RUN = (
+    _HELPERS
+    + """
+if (#ARGV - 5) % 2 ~= 0 or #ARGV < 7 then return redis.error_reply('START_RUN: bad arguments') end
+if ARGV[1] == '1' then
+  local existing = redis.call('GET', KEYS[1])
+  if existing then return existing end
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then return ARGV[2] end
+hset_from(KEYS[2], ARGV, 6)
+redis.call('RPUSH', KEYS[3], ARGV[3])
+redis.call('ZADD', KEYS[4], ARGV[4], ARGV[2])
+redis.call('ZADD', KEYS[5], ARGV[4], ARGV[2])
+redis.call('XADD', KEYS[6], '*', 'type', 'start', 'run_id', ARGV[2])
+if ARGV[1] == '1' then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', tonumber(ARGV[5]))
+end
+return ARGV[2]
+"""
+)
+
 # Take the lease of a run.
 # KEYS[1] run hash
 # ARGV[1] lease in ms, ARGV[2] worker name (for people reading the run)

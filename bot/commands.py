@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
-from slack_bolt.async_app import AsyncApp
+from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 
 from agent_core.exceptions import InvalidState, RunNotFound
 from agent_core.models import Gate
@@ -105,10 +105,16 @@ class Commands:
         respond: Any,
         started: asyncio.Event | None = None,
         progress: Progress | None = None,
+        *,
+        external: bool = True,
     ) -> None:
-        """Run the command; ``started`` is set once a new run is durable in Redis."""
+        """Run the command; ``started`` is set once a new run is durable in Redis.
+
+        ``external``: the user belongs to another workspace (Slack Connect); ``APPROVERS=*``
+        then lets them cancel others' runs only with ALLOW_EXTERNAL_APPROVERS.
+        """
         try:
-            await self._handle(body, respond, started, progress)
+            await self._handle(body, respond, started, progress, external)
         finally:
             if started is not None:
                 started.set()
@@ -119,6 +125,7 @@ class Commands:
         respond: Any,
         started: asyncio.Event | None,
         progress: Progress | None,
+        external: bool = True,
     ) -> None:
         text = str(body.get("text") or "").strip()
         user_id = str(body.get("user_id") or "")
@@ -129,7 +136,7 @@ class Commands:
             return
         m = _CANCEL.match(text)
         if m:
-            await self.cancel(user_id, m.group(1), respond)
+            await self.cancel(user_id, m.group(1), respond, external=external)
             return
         await self.start(body, user_id, parse_task(text), respond, started, progress)
 
@@ -191,7 +198,11 @@ class Commands:
         origin = {"channel": channel, "thread_ts": ts, "team": str(body.get("team_id") or "")}
         progress.committing = True
         try:
-            run = await ctx.gateway.start_run(task, requested_by=user_id, origin=origin)
+            # Keyed by the trigger id: a client retry after a lost reply starts no second run.
+            trigger = str(body.get("trigger_id") or "") or None
+            run = await ctx.gateway.start_run(
+                task, requested_by=user_id, origin=origin, idempotency_key=trigger
+            )
         except Exception:
             log.exception("start_run failed")
             failed = cards.root_not_started(task, user_id)
@@ -228,7 +239,9 @@ class Commands:
         card = cards.status_message(runs, pending, self.command)
         await _reply(respond, card.text, card.blocks or None)
 
-    async def cancel(self, user_id: str, run_id: str, respond: Any) -> None:
+    async def cancel(
+        self, user_id: str, run_id: str, respond: Any, *, external: bool = True
+    ) -> None:
         ctx = self.ctx
         shown = cards.clip_escaped(run_id, 100)
         run = await ctx.gateway.get_run(run_id)
@@ -237,7 +250,9 @@ class Commands:
                 respond, f"There is no run `{shown}`. `{self.command} status` lists yours."
             )
             return
-        if user_id != run.requested_by and not await ctx.approvers.is_approver(user_id):
+        if user_id != run.requested_by and not await ctx.approvers.is_approver(
+            user_id, external=external
+        ):
             await _reply(
                 respond, "Only the person who started this run or an approver can cancel it."
             )
@@ -286,11 +301,23 @@ def _starts_a_task(text: str) -> bool:
     return stripped.lower() != "status" and not _CANCEL.match(stripped)
 
 
+def command_is_external(body: dict[str, Any], context: AsyncBoltContext | None) -> bool:
+    """The person who typed the command belongs to another workspace than the app's (Slack
+    Connect). Fails closed: a payload without a team, or an unknown home team, is external."""
+    auth = context.authorize_result if context is not None else None
+    home = auth.team_id if auth is not None and isinstance(auth.team_id, str) else None
+    team = body.get("user_team_id") or body.get("team_id")
+    return not (isinstance(team, str) and team and home and team == home)
+
+
 def register(app: AsyncApp, ctx: BotContext) -> None:
     commands = Commands(ctx)
 
     @app.command(ctx.settings.slash_command)
-    async def on_command(ack: Any, body: dict[str, Any], respond: Any) -> None:
+    async def on_command(
+        ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
+    ) -> None:
+        external = command_is_external(body, context)
         text = str(body.get("text") or "")
         reply = commands.immediate_reply(text)
         if reply is not None:
@@ -301,7 +328,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
 
         async def work() -> None:
             try:
-                await commands.handle(body, respond, started, progress)
+                await commands.handle(body, respond, started, progress, external=external)
             except asyncio.CancelledError:
                 # Stopped (shutdown) after telling the person "not recorded yet".
                 if progress.late and progress.run_id is None:

@@ -18,7 +18,12 @@ class EventConsumerLike(Protocol):
 
 class GatewayLike(Protocol):
     async def start_run(
-        self, task: str, requested_by: str, origin: dict[str, Any] | None = ...
+        self,
+        task: str,
+        requested_by: str,
+        origin: dict[str, Any] | None = ...,
+        *,
+        idempotency_key: str | None = ...,
     ) -> Run: ...
 
     async def get_run(self, run_id: str) -> Run | None: ...

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
 from . import cards
@@ -95,6 +96,22 @@ class Publisher:
         self.client = client
         self.command = command
         self._bot_id: str | None = None
+        # Cards are posted without the client's retry on connection errors: a post Slack
+        # carried out whose answer was lost would be posted twice, and the first card would
+        # keep live buttons. The event is retried instead, and the retry adopts the card
+        # (see the "posting" mark).
+        self._poster = AsyncWebClient(
+            token=client.token,
+            base_url=client.base_url,
+            timeout=client.timeout,
+            session=client.session,
+            headers=client.headers,
+            retry_handlers=[
+                h
+                for h in client.retry_handlers
+                if not isinstance(h, AsyncConnectionErrorRetryHandler)
+            ],
+        )
 
     async def show_gate(self, gate_id: str) -> None:
         """Post the gate's card, or update it (and any other message showing the gate) to the
@@ -279,13 +296,17 @@ class Publisher:
         self, method: str, card: cards.Card, smaller: cards.Card, **kwargs: Any
     ) -> Any:
         """Send a card; if Slack refuses its size or shape, send the compact one instead."""
+        client = self._poster if method == "chat_postMessage" else self.client
         try:
-            return await getattr(self.client, method)(text=card.text, blocks=card.blocks, **kwargs)
+            return await getattr(client, method)(text=card.text, blocks=card.blocks, **kwargs)
         except Exception as exc:
             if not isinstance(exc, SlackApiError) or slack_error(exc) not in TOO_BIG:
                 return self._failed(method, exc)
             log.warning("Slack refused a card (%s); sending the compact one", slack_error(exc))
-        return await self._call(method, text=smaller.text, blocks=smaller.blocks, **kwargs)
+        try:
+            return await getattr(client, method)(text=smaller.text, blocks=smaller.blocks, **kwargs)
+        except Exception as exc:
+            return self._failed(method, exc)
 
     async def _call(self, method: str, **kwargs: Any) -> Any:
         """Call the Web API; ``None`` for a permanent failure (logged), raise if transient.

@@ -106,6 +106,7 @@ class FakeSlack(WebApiMethods):
         self._ts = itertools.count(1)
         self._last_ts = 0.0
         self._holds: list[_Hold] = []
+        self._drops: dict[str, int] = {}
         self._held = 0
         self._sockets: list[web.WebSocketResponse] = []
         self._thread: threading.Thread | None = None
@@ -237,6 +238,12 @@ class FakeSlack(WebApiMethods):
         with self._lock:
             self._holds.append(_Hold(method, n, when))
 
+    def drop_next(self, method: str, n: int = 1) -> None:
+        """Carry out the next ``n`` calls of ``method``, then cut the connection instead of
+        answering: the caller sees a connection error although Slack did the work."""
+        with self._lock:
+            self._drops[method] = self._drops.get(method, 0) + n
+
     def release(self) -> None:
         """Send every held answer, and hold no more calls."""
         with self._lock:
@@ -355,6 +362,13 @@ class FakeSlack(WebApiMethods):
             handler = getattr(self, "_api_" + method.replace(".", "_"), None)
             body = handler(args) if handler else {"ok": False, "error": "unknown_method"}
         self._record(SlackCall(method, args, token, 200, body))
+        with self._lock:
+            drop = self._drops.get(method, 0) > 0
+            if drop:
+                self._drops[method] -= 1
+        if drop and request.transport is not None:
+            request.transport.close()  # done, but the answer never arrives
+            return web.json_response(body)
         released = self._take_hold(method, args)
         if released is not None:
             try:
@@ -523,11 +537,12 @@ class SlackClient:
         channel_id: str = "C0CHAN",
         response_url: str | None = None,
         command: str | None = None,
+        team_id: str | None = None,
     ) -> str:
         return urlencode(
             {
                 "token": "deprecated-verification-token",
-                "team_id": self.team_id,
+                "team_id": team_id or self.team_id,
                 "team_domain": "fake",
                 "channel_id": channel_id,
                 "channel_name": "general",

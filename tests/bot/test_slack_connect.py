@@ -132,3 +132,30 @@ async def test_an_external_user_listed_by_id_may_approve(
     await bot.client.payload(from_team(payload, OTHER_TEAM))
     assert (await finished(bot, run_id)).status is RunStatus.COMPLETED
     assert journal_lines(journal) == ["delete_user:82"]
+
+
+async def test_star_does_not_let_other_workspaces_cancel_runs(
+    make_bot: Any, redis_url: str, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    bot: BotHarness = await make_bot(APPROVERS="*")
+    bot.start_worker(redis_url, fake_openai.base_url)
+    run_id, _gate = await started_gate(bot, fake_openai, "delete user 81", "81")
+    fake, client = bot.fake, bot.client
+    body = client.command_body(
+        f"cancel {run_id}",
+        user_id=EXTERNAL,
+        team_id=OTHER_TEAM,
+        response_url=fake.response_url("ext-cancel"),
+    )
+    assert (await client.post(body)).status == 200
+    (r,) = await fake.wait_for(lambda f: f.responses("ext-cancel"), what="the refusal")
+    assert "Only the person who started this run or an approver can cancel it" in r.args["text"]
+    run = await bot.gateway.get_run(run_id)
+    assert run is not None and run.status is RunStatus.AWAITING_APPROVAL
+    # Someone of the app's own workspace may, under APPROVERS=*.
+    body = client.command_body(
+        f"cancel {run_id}", user_id="U0INSIDER", response_url=fake.response_url("in-cancel")
+    )
+    assert (await client.post(body)).status == 200
+    (r,) = await fake.wait_for(lambda f: f.responses("in-cancel"), what="the confirmation")
+    assert "Cancelled run" in r.args["text"]

@@ -412,3 +412,13 @@ async def test_content_as_a_list_of_chunks_keeps_the_text_and_drops_the_thinking
     run = await strict_harness.gateway.start_run("magistral", requested_by="U1")
     done = await strict_harness.wait_finished(run.run_id)
     assert (done.status, done.final) == (RunStatus.COMPLETED, "Hello there.")
+
+
+async def test_start_run_with_the_same_key_starts_one_run(observer: Harness, redis: Redis) -> None:
+    gw = observer.gateway
+    first = await gw.start_run("once", requested_by="U1", idempotency_key="trigger-1")
+    again = await gw.start_run("once", requested_by="U1", idempotency_key="trigger-1")
+    other = await gw.start_run("once", requested_by="U1", idempotency_key="trigger-2")
+    assert again.run_id == first.run_id != other.run_id
+    assert await redis.xlen(observer.keys.jobs()) == 2  # one start job per run
+    assert await redis.zcard(observer.keys.user_runs("U1")) == 2

@@ -24,7 +24,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent_core import Gateway, Keys
 from agent_core.testing import FakeOpenAI, calls, reply
 from bot import cards
-from bot.publisher import card_metadata
+from bot.publisher import TransientSlackError, card_metadata
 from bot.server import BotServer
 from bot.testing import FakeSlack, SlackCall, SlackClient
 from tests.bot.conftest import (
@@ -338,3 +338,24 @@ class _Crash(Exception):
 
 async def _crash(*args: Any, **kwargs: Any) -> None:
     raise _Crash("the process died here")
+
+
+async def test_a_card_post_whose_answer_is_lost_is_not_posted_twice(
+    publisher_only: tuple[BotServer, GatePool], fake_slack: FakeSlack
+) -> None:
+    """Slack posts the card but the connection drops before its answer: the Web API client
+    must not retry the post (that would leave a first card with live buttons); the event is
+    retried and adopts the card."""
+    server, pool = publisher_only
+    publisher = server.context.publisher
+    gate_id = pool.gate_ids[0]
+    fake_slack.drop_next("chat.postMessage")
+    with pytest.raises(TransientSlackError):
+        await publisher.show_gate(gate_id)
+    (first,) = gate_cards(fake_slack, gate_id)
+    await publisher.show_gate(gate_id)  # gate.opened, redelivered
+    assert gate_cards(fake_slack, gate_id) == [first]
+    await pool.gateway.decide(gate_id, "approve", by=APPROVER)
+    await publisher.show_gate(gate_id)
+    assert live_buttons(fake_slack, gate_id) == []
+    assert fake_slack.shows(CHANNEL, first, "Approved")
