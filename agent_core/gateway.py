@@ -70,6 +70,7 @@ class Gateway:
         self._cancel = redis.register_script(scripts.CANCEL_RUN)
         self._repair = redis.register_script(scripts.REPAIR_RUN)
         self._start = redis.register_script(scripts.START_RUN)
+        self._retry = redis.register_script(scripts.RETRY_RUN)
         self._check_cursor = 0
 
     # --- runs -------------------------------------------------------------------------
@@ -197,6 +198,34 @@ class Gateway:
                 assert run is not None
                 return run
         raise InvalidState(f"run {run_id} kept opening gates; try again")
+
+    async def retry_run(self, run_id: str, by: str) -> Run:
+        """Continue a run whose model call kept failing, from the step it failed in.
+
+        Nothing that ran runs again: every earlier step is recorded. :class:`RunNotFound`
+        for an unknown run, :class:`InvalidState` when it is not failed or its failure is
+        not one a retry can fix.
+        """
+        if not valid_run_id(run_id):
+            raise RunNotFound(f"no run {run_id!r}")
+        if not by:
+            raise ValueError("by is required")
+        k = self.keys
+        res = await self._retry(
+            keys=[k.run(run_id), k.finished(), k.active(), k.jobs(), k.events()],
+            args=[run_id, by, f"{time.time():.6f}"],
+        )
+        if res == "missing":
+            raise RunNotFound(f"no run {run_id!r}")
+        if res == "not_failed":
+            run = await self.get_run(run_id)
+            status = run.status.value if run else "gone"
+            raise InvalidState(f"run {run_id} is {status}; only a failed run can be retried")
+        if res == "not_retryable":
+            raise InvalidState(f"run {run_id} failed in a way a retry cannot fix (see its error)")
+        run = await self.get_run(run_id)
+        assert run is not None
+        return run
 
     # --- gates ------------------------------------------------------------------------
     async def get_gate(self, gate_id: str) -> Gate | None:

@@ -55,6 +55,7 @@ class EventType(str, Enum):
     RUN_COMPLETED = "run.completed"
     RUN_FAILED = "run.failed"
     RUN_CANCELLED = "run.cancelled"
+    RUN_RETRIED = "run.retried"
 
 
 def _opt_float(value: str | None) -> float | None:
@@ -77,6 +78,7 @@ class Run(BaseModel):
     final: str | None = None
     error: str | None = None
     cancelled_by: str | None = None
+    retryable: bool = False  # failed, and Gateway.retry_run can continue it
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Run:
@@ -94,6 +96,7 @@ class Run(BaseModel):
             final=h.get("final") or None,
             error=h.get("error") or None,
             cancelled_by=h.get("cancelled_by") or None,
+            retryable=h.get("retryable") == "1" and h.get("status") == "failed",
         )
 
 

@@ -24,7 +24,7 @@ import openai
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from . import messages, scripts
+from . import messages, retries, scripts
 from .agent import Agent
 from .completions import (
     Completion,
@@ -112,7 +112,8 @@ class Runner:
         events_maxlen: int = 100_000,
         max_turns: int = 30,
         max_calls_per_turn: int = 64,
-        model_retries: int = 3,
+        model_retries: int = 10,
+        retry_budget: float = 120.0,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -124,6 +125,7 @@ class Runner:
         self.max_turns = max_turns
         self.max_calls_per_turn = max_calls_per_turn
         self.model_retries = model_retries
+        self.retry_budget = retry_budget
         self._begin = redis.register_script(scripts.BEGIN_RUN)
         self._record = redis.register_script(scripts.RECORD_TURN)
         self._claim = redis.register_script(scripts.CLAIM_CALL)
@@ -163,15 +165,23 @@ class Runner:
             else:
                 return
 
-    async def fail(self, run_id: str, error: str, fence: str) -> bool:
+    async def fail(self, run_id: str, error: str, fence: str, *, retryable: bool = False) -> bool:
         """Fail a run that has not finished, closing its pending gates; True if it moved.
 
-        Only the holder of the run's lease can; :class:`LeaseLost` otherwise.
+        Only the holder of the run's lease can; :class:`LeaseLost` otherwise. A ``retryable``
+        failure can be continued with :meth:`Gateway.retry_run`.
         """
         k = self.keys
         error = redact_secrets(clean_text(error))
         origin = await self.redis.hget(k.run(run_id), "origin") or "{}"
-        data = json.dumps({"run_id": run_id, "error": error, "origin": json.loads(origin)})
+        data = json.dumps(
+            {
+                "run_id": run_id,
+                "error": error,
+                "retryable": retryable,
+                "origin": json.loads(origin),
+            }
+        )
         for _ in range(10):
             gate_ids = sorted(await self.redis.smembers(k.run_gates(run_id)))
             res = await self._fail(
@@ -184,7 +194,7 @@ class Runner:
                     k.active(),
                     *(k.gate(g) for g in gate_ids),
                 ],
-                args=[fence, error, data, _now(), run_id, *gate_ids],
+                args=[fence, error, data, _now(), run_id, "1" if retryable else "0", *gate_ids],
             )
             if res == "lost":
                 raise LeaseLost(run_id)
@@ -215,15 +225,19 @@ class Runner:
         try:
             completion = await self._complete_model(request)
         except openai.APIError as exc:
-            # The client already retried 429/5xx/connection errors with backoff.
+            # Retried (429, 5xx, timeouts, connection errors) within OPENAI_RETRY_BUDGET.
+            # Nothing of this turn was recorded: the run can be retried from here.
             status = getattr(exc, "status_code", None)
             detail = f"HTTP {status}: " if status else ""
             await self.fail(
-                run_id, f"model API error ({type(exc).__name__}) {detail}{exc.message}", fence
+                run_id,
+                f"model API error ({type(exc).__name__}) {detail}{exc.message}",
+                fence,
+                retryable=True,
             )
             return None
         except ModelResponseError as exc:
-            await self.fail(run_id, f"model API error: {exc}", fence)
+            await self.fail(run_id, f"model API error: {exc}", fence, retryable=True)
             return None
         if not completion.tool_calls:
             refused = _unusable_answer(completion)
@@ -269,13 +283,19 @@ class Runner:
         return pairs(after) if after else None
 
     async def _complete_model(self, request: dict[str, Any]) -> Completion:
-        """One completion; a provider failure relayed in a 200 (5xx, 429) is tried again."""
-        for attempt in range(self.model_retries + 1):
+        """One completion. Rate limits, server errors, timeouts, connection errors and
+        provider failures relayed in a 200 are tried again, waiting what the server asked
+        (Retry-After, retry-after-ms, x-ratelimit-reset-*) or backing off, at most
+        ``model_retries`` times and within ``retry_budget`` seconds in all."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.retry_budget
+        attempt = 0
+        while True:
             try:
                 # Not chat.completions.create(): its parameter transform walks every message
                 # in Python (~160 ms of event-loop time at 1,000 messages, measured); the
-                # history is already plain JSON. Same endpoint, retries and errors. The body
-                # is read as plain JSON and checked here: a 200 is not always a completion.
+                # history is already plain JSON. The body is read as plain JSON and checked
+                # here: a 200 is not always a completion.
                 body = await self.client.post("/chat/completions", body=request, cast_to=object)
                 if isinstance(body, str):
                     body = parse_text_body(body)
@@ -285,11 +305,19 @@ class Runner:
                     f"the model endpoint returned invalid JSON ({exc}); check OPENAI_BASE_URL"
                 ) from exc
             except ModelResponseError as exc:
-                if not exc.retryable or attempt >= self.model_retries:
+                if not exc.retryable:
                     raise
-                log.info("model provider error (%s); retrying", exc)
-                await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
-        raise AssertionError("unreachable")
+                error: Exception = exc
+                wait = retries.backoff(attempt)
+            except openai.APIError as exc:
+                if not retries.retryable(exc):
+                    raise
+                error, wait = exc, retries.wait_for(exc, attempt)
+            if attempt >= self.model_retries or loop.time() + wait > give_up:
+                raise error
+            log.info("model call failed (%s); retrying in %.1f s", type(error).__name__, wait)
+            await asyncio.sleep(wait)
+            attempt += 1
 
     def _plan_calls(
         self, turn: int, calls: list[ToolCall]

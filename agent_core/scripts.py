@@ -418,12 +418,13 @@ return redis.call('HGETALL', KEYS[1])
 )
 
 # Fail a run that is not finished yet, closing its pending gates (their cards say why).
-# Only the lease holder may fail a run.
+# Only the lease holder may fail a run. A retryable failure (the model call kept failing)
+# keeps the phase it failed in, so that Gateway.retry_run continues from there.
 # KEYS[1] run hash, KEYS[2] events stream, KEYS[3] finished-runs zset, KEYS[4] deadlines
 # zset, KEYS[5] run gates set, KEYS[6] active-runs zset, KEYS[7..] every gate hash of the
 # run (the members of KEYS[5], in ARGV order)
 # ARGV[1] fence, ARGV[2] error text, ARGV[3] run.failed event data JSON, ARGV[4] now,
-# ARGV[5] run id, ARGV[6..] gate ids
+# ARGV[5] run id, ARGV[6] '1' when the failure is retryable, ARGV[7..] gate ids
 # Returns 'failed' | 'finished' (already finished) | 'lost' | 'retry' (a gate was opened
 # since the caller listed them: list again) | 'missing' as status replies.
 FAIL_RUN = (
@@ -438,7 +439,7 @@ local nowstr = string.format('%.6f', now())
 local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
 local reason = 'the run failed: ' .. ARGV[2]
 for i = 7, #KEYS do
-  local gid = ARGV[i - 1]
+  local gid = ARGV[i]
   if redis.call('HGET', KEYS[i], 'status') == 'pending' then
     redis.call('HSET', KEYS[i], 'status', 'cancelled', 'decided_by', '', 'reason', reason,
       'decided_at', nowstr, 'closed_by_failure', '1')
@@ -452,6 +453,7 @@ for i = 7, #KEYS do
   end
 end
 redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[2], 'phase', 'done',
+  'failed_phase', redis.call('HGET', KEYS[1], 'phase') or 'model', 'retryable', ARGV[6],
   'pending', 0, 'updated_at', ARGV[4])
 redis.call('XADD', KEYS[2], '*', 'type', 'run.failed', 'run_id', ARGV[5], 'data', ARGV[3])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[5])
@@ -459,6 +461,31 @@ redis.call('ZREM', KEYS[6], ARGV[5])
 return {ok = 'failed'}
 """
 )
+
+# Continue a run that failed retryably (its model call kept failing) from the step it
+# failed in: nothing that ran runs again, since every earlier step is recorded.
+# KEYS[1] run hash, KEYS[2] finished-runs zset, KEYS[3] active-runs zset, KEYS[4] jobs
+# stream, KEYS[5] events stream
+# ARGV[1] run id, ARGV[2] by, ARGV[3] now
+# Returns 'queued' | 'missing' | 'not_failed' | 'not_retryable' as status replies.
+RETRY_RUN = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return {ok = 'missing'} end
+if st ~= 'failed' then return {ok = 'not_failed'} end
+if redis.call('HGET', KEYS[1], 'retryable') ~= '1' then return {ok = 'not_retryable'} end
+local phase = redis.call('HGET', KEYS[1], 'failed_phase') or 'model'
+redis.call('HSET', KEYS[1], 'status', 'queued', 'phase', phase, 'error', '',
+  'retryable', '0', 'retried_by', ARGV[2], 'updated_at', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'retries', 1)
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+redis.call('XADD', KEYS[4], '*', 'type', 'start', 'run_id', ARGV[1])
+local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
+redis.call('XADD', KEYS[5], '*', 'type', 'run.retried', 'run_id', ARGV[1], 'data',
+  '{"run_id":' .. cjson.encode(ARGV[1]) .. ',"by":' .. cjson.encode(ARGV[2])
+  .. ',"origin":' .. origin .. '}')
+return {ok = 'queued'}
+"""
 
 # Cancel a run and every pending gate it has. Afterwards no call of the run starts (claims
 # check the status); calls of the current turn are sorted into never-ran and running.

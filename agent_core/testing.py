@@ -283,6 +283,7 @@ class FakeOpenAI:
         self._scripts: dict[str, list[Step]] = {}
         self._requests: list[dict[str, Any]] = []
         self._errors: list[str] = []
+        self._limited: tuple[float, str] | None = None
         self._pending_failures: list[tuple[int, float | None, dict[str, Any] | None]] = []
         self._failures_served = 0
         self._thread: threading.Thread | None = None
@@ -404,6 +405,20 @@ class FakeOpenAI:
         with self._lock:
             self._pending_failures.extend([(status, retry_after, None)] * n)
 
+    def clear_failures(self) -> None:
+        """Drop the failures still queued by :meth:`fail_next` and :meth:`error_next`, and end
+        a :meth:`rate_limit`: the provider is back."""
+        with self._lock:
+            self._pending_failures.clear()
+            self._limited = None
+
+    def rate_limit(self, seconds: float, header: str = "x-ratelimit-reset-tokens") -> None:
+        """Be over the rate limit for the next ``seconds``: every chat request gets a 429 whose
+        only hint is ``header: <time left>s`` (as OpenAI, Groq and Azure send it), no
+        ``Retry-After``. Counted in :attr:`failures_served`."""
+        with self._lock:
+            self._limited = (time.monotonic() + seconds, header)
+
     def error_next(self, n: int, error: Mapping[str, Any]) -> None:
         """Answer the next ``n`` chat requests with a 200 whose body is ``{"error": error}``,
         as OpenRouter relays a provider's failure. Counted like :meth:`fail_next`."""
@@ -419,6 +434,7 @@ class FakeOpenAI:
             self._requests.clear()
             self._errors.clear()
             self._pending_failures.clear()
+            self._limited = None
             self._failures_served = 0
 
     # ------------------------------------------------------------------ records
@@ -512,10 +528,22 @@ class FakeOpenAI:
         with self._lock:
             self._requests.append(body)
             failure = self._pending_failures.pop(0) if self._pending_failures else None
-            if failure is not None:
+            limited = self._limited
+            left = limited[0] - time.monotonic() if limited is not None else 0.0
+            if failure is not None or left > 0:
                 self._failures_served += 1
         if failure is not None:
             return self._injected_failure(*failure)
+        if limited is not None and left > 0:
+            return web.json_response(
+                _error_body(
+                    "Rate limit reached for tokens (injected by FakeOpenAI.rate_limit).",
+                    "tokens",
+                    code="rate_limit_exceeded",
+                ),
+                status=429,
+                headers={limited[1]: f"{left:.3f}s"},
+            )
 
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:

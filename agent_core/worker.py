@@ -74,6 +74,7 @@ class Worker:
             max_turns=settings.max_turns,
             max_calls_per_turn=settings.max_calls_per_turn,
             model_retries=settings.openai_max_retries,
+            retry_budget=settings.openai_retry_budget,
         )
         lease_ms = int(settings.worker_lease * 1000)
         self.lease_ms = lease_ms
@@ -322,7 +323,7 @@ async def serve(settings: Settings) -> None:
     client = AsyncOpenAI(
         api_key=settings.openai_api_key.get_secret_value(),
         base_url=settings.openai_base_url,
-        max_retries=settings.openai_max_retries,
+        max_retries=0,  # the runner retries, honouring every rate-limit hint (retries.py)
         timeout=settings.openai_timeout,
     )
     worker = Worker(redis, agent, client, settings)

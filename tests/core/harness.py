@@ -28,7 +28,7 @@ class Harness:
         self.client = AsyncOpenAI(
             api_key="sk-test-not-a-secret",
             base_url=settings.openai_base_url,
-            max_retries=settings.openai_max_retries,
+            max_retries=0,  # as the worker: the runner retries
         )
         self.workers: list[tuple[Worker, asyncio.Task[None]]] = []
         self._seen: list[Event] = []

@@ -3,6 +3,7 @@ and ends with the truth (issue 10, the parts in the core)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import RunStatus
-from agent_core.testing import FakeOpenAI, raw_response, reply
-from tests.agents import strict
+from agent_core import InvalidState, RunNotFound, RunStatus
+from agent_core.testing import FakeOpenAI, call, raw_response, reply
+from tests.agents import read_journal, strict
 from tests.core.conftest import core_settings
 from tests.core.harness import Harness
 
@@ -125,3 +126,79 @@ async def test_an_error_echoing_the_api_key_is_stored_without_it(
     assert "Incorrect API key provided: [redacted]" in done.error
     assert "wxyz" not in done.error and "sk-" not in done.error
     assert len(fake_openai.requests_for("bad key")) == 1
+
+
+async def test_a_rate_limit_hint_in_x_ratelimit_reset_is_honoured(
+    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """No Retry-After, only ``x-ratelimit-reset-tokens: 2.5s``: one 429, one wait, one
+    success (backing off blindly would have asked three or four times)."""
+    settings = core_settings(redis_url, fake_openai.base_url, OPENAI_MAX_RETRIES=6)
+    harness = Harness(redis, settings, strict)
+    harness.start_worker()
+    try:
+        fake_openai.script("limited", [reply("after the limit")])
+        fake_openai.rate_limit(2.5)
+        run = await harness.gateway.start_run("limited", requested_by="U1")
+        done = await harness.wait_finished(run.run_id, timeout=20)
+        assert (done.status, done.final) == (RunStatus.COMPLETED, "after the limit")
+        assert len(fake_openai.requests_for("limited")) == 2
+        assert fake_openai.failures_served == 1
+    finally:
+        await harness.close()
+
+
+async def test_a_model_that_keeps_failing_leaves_a_retryable_run_that_resumes_where_it_was(
+    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """The approved call ran; then the model kept answering 503 past the retry budget. The
+    run fails, retryable; retry_run continues it without running the call again."""
+    settings = core_settings(
+        redis_url, fake_openai.base_url, OPENAI_MAX_RETRIES=5, OPENAI_RETRY_BUDGET=1.5
+    )
+    harness = Harness(redis, settings, strict)
+    harness.start_worker()
+    try:
+        fake_openai.script(
+            "flaky", [call("delete_user", {"user_id": "77"}), reply("user 77 is gone")]
+        )
+        run = await harness.gateway.start_run("flaky", requested_by="U1")
+        [opened] = await harness.opened_gates(run.run_id, 1)
+        fake_openai.fail_next(50, status=503)
+        await harness.gateway.decide(opened.data["gate_id"], "approve", by="U2")
+        failed = await harness.wait_finished(run.run_id, timeout=20)
+        assert failed.status is RunStatus.FAILED and failed.retryable
+        assert failed.error is not None and "HTTP 503" in failed.error
+        served = fake_openai.failures_served
+        assert 2 <= served <= 6, served  # bounded by the budget, not a crash loop
+        ev = await harness.wait_event(run.run_id, "run.failed")
+        assert ev.data["retryable"] is True
+
+        fake_openai.clear_failures()  # the provider is back
+        again = await harness.gateway.retry_run(run.run_id, by="U1")
+        assert again.status is RunStatus.QUEUED
+        await harness.wait_event(run.run_id, "run.retried")
+        for _ in range(200):
+            current = await harness.gateway.get_run(run.run_id)
+            assert current is not None
+            if current.status is RunStatus.COMPLETED:
+                break
+            await asyncio.sleep(0.05)
+        assert current.final == "user 77 is gone"
+        assert read_journal(str(journal)) == ["delete_user:77"]  # not run again
+        with pytest.raises(InvalidState):
+            await harness.gateway.retry_run(run.run_id, by="U1")
+    finally:
+        await harness.close()
+
+
+async def test_a_run_that_failed_for_good_cannot_be_retried(
+    h: Harness, fake_openai: FakeOpenAI, redis: Redis
+) -> None:
+    with pytest.raises(RunNotFound):
+        await h.gateway.retry_run("r-000000000000", by="U1")
+    fake_openai.script("turns", [reply("x")])
+    run = await h.gateway.start_run("turns", requested_by="U1")
+    await h.wait_finished(run.run_id)
+    with pytest.raises(InvalidState, match="only a failed run can be retried"):
+        await h.gateway.retry_run(run.run_id, by="U1")
