@@ -89,6 +89,15 @@ def _final_text(c: Completion) -> tuple[str, bool]:
     return text, False
 
 
+def _json_object_or_empty(arguments: str) -> str:
+    """``arguments`` when it is a JSON object, else ``"{}"`` (the model was told it was not)."""
+    try:
+        parsed = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return "{}"
+    return arguments if isinstance(parsed, dict) else "{}"
+
+
 def _lost(reply: Any) -> bool:
     return reply == "lost" or (isinstance(reply, list) and reply[:1] == ["lost"])
 
@@ -249,6 +258,8 @@ class Runner:
         fields: list[str] = []
         if calls:
             assistant["tool_calls"], fields = self._plan_calls(turn + 1, calls)
+            if assistant["content"] is None:
+                assistant["content"] = ""  # Ollama refuses a null content in the history
         final, truncated = _final_text(completion)
         completed = json.dumps(
             {
@@ -339,7 +350,9 @@ class Runner:
                 {
                     "id": cid,
                     "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
+                    # Sent back in the history: vLLM and llama.cpp parse it as JSON and fail
+                    # the whole request on text that is not a JSON object.
+                    "function": {"name": c.name, "arguments": _json_object_or_empty(c.arguments)},
                 }
             )
             record: dict[str, Any] = {"id": cid, "name": c.name, "arguments": c.arguments}

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_core import InvalidState, RunNotFound, RunStatus
-from agent_core.testing import FakeOpenAI, call, raw_response, reply
+from agent_core.testing import FakeOpenAI, call, calls, raw_response, reply
 from tests.agents import read_journal, strict
 from tests.core.conftest import core_settings
 from tests.core.harness import Harness
@@ -202,3 +202,33 @@ async def test_a_run_that_failed_for_good_cannot_be_retried(
     await h.wait_finished(run.run_id)
     with pytest.raises(InvalidState, match="only a failed run can be retried"):
         await h.gateway.retry_run(run.run_id, by="U1")
+
+
+async def test_the_history_sent_back_is_one_every_server_parses(
+    h: Harness, fake_openai: FakeOpenAI
+) -> None:
+    """An assistant turn with tool calls goes back with content "" (Ollama refuses null) and
+    arguments that are a JSON object (vLLM and llama.cpp parse them; broken ones become {})."""
+
+    def parseable(messages: list[dict[str, Any]]) -> None:
+        assistant = [m for m in messages if m.get("role") == "assistant"][0]
+        assert assistant["content"] == ""
+        args = [c["function"]["arguments"] for c in assistant["tool_calls"]]
+        assert args == ['{"key":"k"}', "{}", "{}"], args
+
+    fake_openai.script(
+        "history",
+        [
+            calls(
+                [
+                    ("lookup", {"key": "k"}),
+                    ("lookup", '{"key": "unterminated'),
+                    ("lookup", "[1, 2]"),
+                ]
+            ),
+            reply("ok", expect=parseable),
+        ],
+    )
+    run = await h.gateway.start_run("history", requested_by="U1")
+    done = await h.wait_finished(run.run_id)
+    assert done.status is RunStatus.COMPLETED
