@@ -211,7 +211,7 @@ async def test_the_history_sent_back_is_one_every_server_parses(
     arguments that are a JSON object (vLLM and llama.cpp parse them; broken ones become {})."""
 
     def parseable(messages: list[dict[str, Any]]) -> None:
-        assistant = [m for m in messages if m.get("role") == "assistant"][0]
+        assistant = next(m for m in messages if m.get("role") == "assistant")
         assert assistant["content"] == ""
         args = [c["function"]["arguments"] for c in assistant["tool_calls"]]
         assert args == ['{"key":"k"}', "{}", "{}"], args
