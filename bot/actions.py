@@ -118,16 +118,17 @@ def _metadata(body: dict[str, Any]) -> dict[str, Any] | None:
 
 def home_team(body: dict[str, Any], context: AsyncBoltContext | None) -> str | None:
     """The workspace the app is installed in: ``auth.test``'s team id, as Bolt learnt it at
-    start; failing that, the installation's team in the payload."""
+    start; ``None`` when it gave none.
+
+    Never the payload's ``team``: in a Slack Connect channel that is the clicker's own
+    workspace, and taking it for ours would make every outsider an insider. An org-wide
+    (Enterprise Grid) installation has no single workspace, so ``*`` then covers nobody;
+    approvers are listed by user ID or user group (as for ``/agent cancel``).
+    """
     auth = context.authorize_result if context is not None else None
     if auth is not None and isinstance(auth.team_id, str) and auth.team_id:
         return auth.team_id
-    view = body.get("view")
-    if isinstance(view, dict) and isinstance(view.get("app_installed_team_id"), str):
-        return str(view["app_installed_team_id"])
-    team = body.get("team")
-    t = team.get("id") if isinstance(team, dict) else None
-    return t if isinstance(t, str) and t else None
+    return None
 
 
 def is_external(body: dict[str, Any], home: str | None) -> bool:
@@ -373,7 +374,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
     # does not answer within the budget, the ack still goes out, and the clicker is told
     # that nothing is recorded yet, instead of an ack that looks like success.
 
-    @app.action(cards.APPROVE_ACTION)
+    @app.block_action(cards.APPROVE_ACTION)
     async def on_approve(
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:
@@ -393,7 +394,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
                 now = RECORDED_NOW.format(what="approval")
                 await tell(user_id, now, channel=channel, respond=respond)
 
-    @app.action(cards.DENY_ACTION)
+    @app.block_action(cards.DENY_ACTION)
     async def on_deny(
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:
@@ -402,7 +403,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         async with ctx.busy():
             await _guard(ctx, body, respond, actions.deny_clicked(body, respond, external=external))
 
-    @app.action(cards.ARGS_ACTION)
+    @app.block_action(cards.ARGS_ACTION)
     async def on_args(ack: Any, body: dict[str, Any], respond: Any) -> None:
         await ack()
         async with ctx.busy():
@@ -426,8 +427,9 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
                 now = RECORDED_NOW.format(what="denial") + " You can close the form."
                 await tell(user_id, now, channel=outcome.channel)
 
-    # Registered last: Bolt tries listeners in order, so this only catches the rest.
-    @app.action(re.compile(r".*"))
+    # Registered last: Bolt tries listeners in order, so this only catches the rest. Only
+    # block_actions: legacy payloads are answered quietly (bot/quiet.py).
+    @app.block_action(re.compile(r".*", re.DOTALL))
     async def on_unknown_action(ack: Any, body: dict[str, Any], respond: Any) -> None:
         await ack()
         user_id = _user_id(body)

@@ -13,7 +13,7 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from . import actions, commands
+from . import actions, commands, quiet
 from .context import BotContext
 from .ports import GatewayLike
 from .settings import BotSettings
@@ -59,6 +59,7 @@ def create_app(
         name="agent-approvals",
     )
     commands.register(app, ctx)
+    quiet.register(app)
     actions.register(app, ctx)
 
     @app.error

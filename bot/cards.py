@@ -385,9 +385,12 @@ def root_message(task: str, user_id: str, run: Run | None, command: str = "/agen
     if run is None:
         blocks.append(_context("⏳ starting…"))
     else:
-        line = f"Run `{clip_escaped(run.run_id, 100)}` · {status_label(run.status)}"
+        rid = clip_escaped(run.run_id, 100)
+        line = f"Run `{rid}` · {status_label(run.status)}"
         if not run.status.finished:
-            line += f" · cancel with `{command} cancel {clip_escaped(run.run_id, 100)}`"
+            line += f" · cancel with `{command} cancel {rid}`"
+        elif run.retryable:
+            line += f" · retry with `{command} retry {rid}`"
         blocks.append(_context(line))
     return Card(text=f"Task started by {user(user_id)}: {clip_escaped(task, 300)}", blocks=blocks)
 
@@ -445,8 +448,20 @@ def answer_messages(final: str) -> list[str]:
     ]
 
 
-def run_failed_message(error: str) -> str:
-    return "❌ *The run failed:* " + clip_escaped(error or "unknown error", SECTION_LIMIT)
+def run_failed_message(error: str, retry: str | None = None) -> str:
+    """The thread's failure message; ``retry``: the command that continues the run, when a
+    retry can fix its failure."""
+    text = "❌ *The run failed:* " + clip_escaped(error or "unknown error", SECTION_LIMIT)
+    if retry:
+        text += (
+            f"\nIt can be continued from where it stopped with `{retry}` "
+            "(its requester or an approver); nothing that already ran runs again."
+        )
+    return text
+
+
+def run_retried_message(by: str | None) -> str:
+    return f"🔁 *Retried* by {user(by)}: continuing from the last completed step."
 
 
 def run_cancelled_message(by: str | None, reason: str | None) -> str:
@@ -476,6 +491,8 @@ def status_message(
             f"`{clip_escaped(run.run_id, 100)}` · {status_label(run.status)} · "
             f"{fmt_date(run.created_at)}\n{clip_escaped(run.task, 200)}"
         )
+        if run.retryable:
+            line += f"\n  🔁 can be retried: `{command} retry {clip_escaped(run.run_id, 100)}`"
         gates = pending.get(run.run_id, [])
         for g in gates[:5]:
             line += (
@@ -496,6 +513,8 @@ def usage(command: str = "/agent") -> str:
         "for approval before sensitive tool calls\n"
         f"• `{command} status` — your recent runs and their pending approvals\n"
         f"• `{command} cancel <run id>` — cancel a run (its requester or an approver)\n"
+        f"• `{command} retry <run id>` — continue a failed run from its last completed step; "
+        "calls that already ran are not run again (its requester or an approver)\n"
         f"• `{command} help` — this message"
     )
 

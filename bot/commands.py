@@ -1,4 +1,4 @@
-"""The slash command: ``/agent <task>``, ``help``, ``status``, ``cancel <run>``.
+"""The slash command: ``/agent <task>``, ``help``, ``status``, ``cancel <run>``, ``retry <run>``.
 
 ``/agent <task>`` is acknowledged once its run is in Redis, or after ACK_BUDGET_SECONDS
 at the latest. An acknowledgement sent before the run was recorded says so (in the ack's
@@ -21,11 +21,11 @@ from redis.exceptions import RedisError
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 
 from agent_core.exceptions import InvalidState, RunNotFound
-from agent_core.models import Gate
+from agent_core.models import Gate, RunStatus
 
 from . import cards
 from .context import BotContext
-from .publisher import slack_error
+from .publisher import can_respond, slack_error
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,7 @@ ACK_BUDGET_SECONDS = 2.0
 # A task whose command could not even be recorded this long after it arrived is given up.
 START_DEADLINE_SECONDS = 30.0
 _CANCEL = re.compile(r"^cancel\s+(\S+)\s*$", re.IGNORECASE)
+_RETRY = re.compile(r"^retry\s+(\S+)\s*$", re.IGNORECASE)
 
 NOT_RECORDED_YET = (
     "⏳ Your task has not been recorded yet: the agent backend is slow to answer. I will "
@@ -90,8 +91,9 @@ class Commands:
         stripped = text.strip()
         if not stripped or stripped.lower() in {"help", "usage", "-h", "--help"}:
             return cards.usage(self.command)
-        if stripped.lower() == "cancel":
-            return f"Which run? Use `{self.command} cancel <run id>` (see `{self.command} status`)."
+        if stripped.lower() in ("cancel", "retry"):
+            sub = stripped.lower()
+            return f"Which run? Use `{self.command} {sub} <run id>` (see `{self.command} status`)."
         if len(parse_task(stripped)) > MAX_TASK_CHARS:
             return (
                 f"That task is {len(parse_task(stripped)):,} characters long; the limit is "
@@ -137,6 +139,10 @@ class Commands:
         m = _CANCEL.match(text)
         if m:
             await self.cancel(user_id, m.group(1), respond, external=external)
+            return
+        m = _RETRY.match(text)
+        if m:
+            await self.retry(user_id, m.group(1), respond, external=external)
             return
         await self.start(body, user_id, parse_task(text), respond, started, progress)
 
@@ -279,9 +285,60 @@ class Commands:
             except Exception as exc:
                 log.warning("card update deferred: %s", exc)
 
+    async def retry(
+        self, user_id: str, run_id: str, respond: Any, *, external: bool = True
+    ) -> None:
+        """Continue a failed run from its last durable step (``Gateway.retry_run``): who may
+        is who may cancel it, its requester or an approver."""
+        ctx = self.ctx
+        shown = cards.clip_escaped(run_id, 100)
+        run = await ctx.gateway.get_run(run_id)
+        if run is None:
+            await _reply(
+                respond, f"There is no run `{shown}`. `{self.command} status` lists yours."
+            )
+            return
+        if user_id != run.requested_by and not await ctx.approvers.is_approver(
+            user_id, external=external
+        ):
+            await _reply(
+                respond, "Only the person who started this run or an approver can retry it."
+            )
+            return
+        try:
+            await ctx.gateway.retry_run(run.run_id, by=user_id)
+        except RunNotFound:
+            await _reply(respond, f"There is no run `{shown}`.")
+            return
+        except InvalidState:
+            current = await ctx.gateway.get_run(run.run_id)
+            if current is not None and current.status is RunStatus.FAILED:
+                await _reply(respond, NOT_RETRYABLE.format(run=shown, command=self.command))
+            else:
+                status = cards.status_label(current.status) if current else "gone"
+                await _reply(
+                    respond, f"Run `{shown}` is {status}; only a failed run can be retried."
+                )
+            return
+        await _reply(respond, RETRYING.format(run=shown))
+        try:  # the notifier does this too, on run.retried
+            await ctx.publisher.show_run(run.run_id)
+        except Exception as exc:
+            log.warning("root message update deferred: %s", exc)
+
+
+RETRYING = (
+    "Retrying run `{run}`. It continues from its last completed step: "
+    "tool calls that already ran are not run again."
+)
+NOT_RETRYABLE = (
+    "Run `{run}` failed in a way a retry cannot fix (its error is in its thread). "
+    "Start it again as a new task with `{command} <task>`."
+)
+
 
 async def _reply(respond: Any, text: str, blocks: list[dict[str, Any]] | None = None) -> None:
-    if respond is None:
+    if not can_respond(respond):
         return
     try:
         if blocks:
@@ -298,7 +355,9 @@ def _limit() -> str:
 
 def _starts_a_task(text: str) -> bool:
     stripped = text.strip()
-    return stripped.lower() != "status" and not _CANCEL.match(stripped)
+    return (
+        stripped.lower() != "status" and not _CANCEL.match(stripped) and not _RETRY.match(stripped)
+    )
 
 
 def command_is_external(body: dict[str, Any], context: AsyncBoltContext | None) -> bool:

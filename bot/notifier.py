@@ -127,8 +127,17 @@ class Notifier:
             await self.publisher.post_in_thread(event.run_id, origin, "final", texts)
             await self.publisher.show_run(event.run_id)
         elif t is EventType.RUN_FAILED:
-            text = cards.run_failed_message(str(data.get("error") or ""))
-            await self.publisher.post_in_thread(event.run_id, origin, "failed", [text])
+            retry = None
+            if data.get("retryable") is True:
+                retry = f"{self.publisher.command} retry {cards.clip_escaped(event.run_id, 100)}"
+            text = cards.run_failed_message(str(data.get("error") or ""), retry)
+            # A retried run may fail again: one message per failure (per event).
+            marker = f"failed:{event.id}"
+            await self.publisher.post_in_thread(event.run_id, origin, marker, [text])
+            await self.publisher.show_run(event.run_id)
+        elif t is EventType.RUN_RETRIED:
+            text = cards.run_retried_message(data.get("by"))
+            await self.publisher.post_in_thread(event.run_id, origin, f"retried:{event.id}", [text])
             await self.publisher.show_run(event.run_id)
         elif t is EventType.RUN_CANCELLED:
             text = cards.run_cancelled_message(data.get("by"), data.get("reason"))

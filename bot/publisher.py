@@ -64,6 +64,19 @@ def is_transient(exc: BaseException) -> bool:
     return True
 
 
+def can_respond(respond: Any) -> bool:
+    """Whether Bolt's ``respond`` has somewhere to post: modal submissions, clicks in modals
+    or App Home, and some shortcuts carry no ``response_url`` (Bolt's ``respond`` then
+    raises). That is normal, not a failure worth a warning."""
+    if respond is None:
+        return False
+    url = getattr(respond, "response_url", _NO_ATTRIBUTE)
+    return url is _NO_ATTRIBUTE or (isinstance(url, str) and bool(url))
+
+
+_NO_ATTRIBUTE = object()
+
+
 def digest(card: cards.Card) -> str:
     raw = json.dumps([card.text, card.blocks], sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(raw.encode()).hexdigest()[:32]
@@ -279,8 +292,10 @@ class Publisher:
         channel: str | None = None,
         respond: Any = None,
     ) -> None:
-        """An ephemeral message to one user: via response_url when we have one."""
-        if respond is not None:
+        """An ephemeral message to one user: via the payload's response_url when it has one,
+        else with chat.postEphemeral in ``channel``; with neither (a click in a modal, say),
+        nothing is said."""
+        if can_respond(respond):
             try:
                 await respond(text=text, response_type="ephemeral", replace_original=False)
                 return

@@ -55,6 +55,11 @@ def build_web_app(bolt: AsyncApp, settings: BotSettings, redis: aioredis.Redis) 
 
     async def slack_events(request: web.Request) -> web.Response:
         raw = await request.read()
+        if _is_ssl_check(raw, request.content_type):
+            # Slack checks the URL's certificate with an unsigned ``ssl_check=1&token=…``;
+            # Bolt answers it (before verifying) with an empty 200 and dispatches nothing.
+            # Only that exact form is answered so: anything else is verified below.
+            return web.Response(status=200, body=b"")
         # Checked on the raw bytes before any decoding or parsing, so a forged request
         # learns nothing about our parser and cannot make it fail.
         if verifier is None or not _signed_by_slack(verifier, raw, request):
@@ -200,6 +205,23 @@ def _resigned(body: str, headers: Headers, secret: str) -> tuple[str, Headers]:
 
 
 _SIGNATURE_HEADERS = ("x-slack-request-timestamp", "x-slack-signature")
+_SSL_CHECK_FIELDS = frozenset({"ssl_check", "token"})
+
+
+def _is_ssl_check(raw: bytes, content_type: str) -> bool:
+    """Exactly Slack's certificate check: a form of ``ssl_check=1`` and (optionally) one
+    ``token``, nothing else. It does nothing, so it needs no signature (Slack sends none)."""
+    if content_type != "application/x-www-form-urlencoded" or len(raw) > 1024:
+        return False
+    try:
+        fields = parse_qs(raw.decode("ascii"), keep_blank_values=True, strict_parsing=True)
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return (
+        fields.get("ssl_check") == ["1"]
+        and set(fields) <= _SSL_CHECK_FIELDS
+        and len(fields.get("token", [""])) == 1
+    )
 
 
 def _signed_by_slack(verifier: SignatureVerifier, body: bytes, request: web.Request) -> bool:
