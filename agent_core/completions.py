@@ -103,6 +103,13 @@ def parse_completion(data: Any) -> Completion:
     choice = choices[0]
     if not isinstance(choice, dict):
         raise ModelResponseError("the response's first choice is not an object")
+    choice_error = choice.get("error")
+    if choice_error or choice.get("finish_reason") == "error":
+        # OpenRouter: a failure during generation comes back in a 200, inside the choice.
+        raise ModelResponseError(
+            f"the model provider returned an error: {_error_text(choice_error or 'unknown')}",
+            retryable=_retryable(choice_error) if choice_error else True,
+        )
     msg = choice.get("message")
     if not isinstance(msg, dict):
         raise ModelResponseError("the response's first choice has no message")

@@ -55,7 +55,12 @@ def hinted_wait(headers: Mapping[str, str]) -> float | None:
             pass
     resets = [
         parse_duration(lower[h])
-        for h in ("x-ratelimit-reset-requests", "x-ratelimit-reset-tokens")
+        for h in (
+            "x-ratelimit-reset-requests",
+            "x-ratelimit-reset-tokens",
+            "x-rate-limit-reset-requests",  # Azure spells it with a hyphen (seconds)
+            "x-rate-limit-reset-tokens",
+        )
         if h in lower
     ]
     known = [r for r in resets if r is not None]
@@ -78,9 +83,22 @@ def retryable(exc: BaseException) -> bool:
     return False
 
 
+def body_hint(body: object) -> float | None:
+    """A wait named in an error body: OpenRouter relays ``error.metadata.retry_after_seconds``."""
+    err = body.get("error", body) if isinstance(body, dict) else None
+    meta = err.get("metadata") if isinstance(err, dict) else None
+    value = meta.get("retry_after_seconds") if isinstance(meta, dict) else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
 def wait_for(exc: BaseException, attempt: int) -> float:
     """How long to wait after ``exc`` on the ``attempt``-th retry (0 for the first)."""
     response = getattr(exc, "response", None)
     headers = getattr(response, "headers", None)
     hint = hinted_wait(headers) if headers is not None else None
+    if hint is None:
+        hint = body_hint(getattr(exc, "body", None))
     return hint if hint is not None else backoff(attempt)

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from .exceptions import ToolArgumentsError, ToolDefinitionError
 
 ApprovalRule = bool | Callable[[dict[str, Any]], bool] | None
+MAX_DESCRIPTION_CHARS = 1024
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
 _ARG_LINE = re.compile(r"^(\s+)(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
@@ -134,12 +135,19 @@ class Tool:
         )
 
     def openai_schema(self) -> dict[str, Any]:
-        """The entry of ``tools`` in a Chat Completions request."""
+        """The entry of ``tools`` in a Chat Completions request.
+
+        The description is cut at 1,024 characters: OpenAI and Azure refuse every request of
+        an agent with a longer one. The card still shows it in full.
+        """
+        description = self.description
+        if len(description) > MAX_DESCRIPTION_CHARS:
+            description = description[: MAX_DESCRIPTION_CHARS - 1] + "…"
         return {
             "type": "function",
             "function": {
                 "name": self.name,
-                "description": self.description,
+                "description": description,
                 "parameters": self.schema,
             },
         }

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import openai
 import pytest
 
-from agent_core.testing import FakeOpenAI, call, calls, reply, tool_messages
+from agent_core.testing import (
+    SERVERS,
+    FakeOpenAI,
+    call,
+    calls,
+    filtered,
+    reply,
+    tool_messages,
+)
 from tests.conftest import fail_on_fake_openai_errors
 
 
@@ -248,3 +258,440 @@ async def test_wrong_api_key_is_401_through_the_client() -> None:
         async with client_for(fake, api_key="right") as client:
             models = await client.models.list()
             assert [m.id for m in models.data] == ["gpt-4o-mini"]
+
+
+# --------------------------------------------------------------------------- server profiles
+async def post_chat(fake: FakeOpenAI, body: dict[str, Any]) -> tuple[int, Any, Any]:
+    """POST a raw chat body; (status, JSON body, headers)."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            fake.base_url + "/chat/completions",
+            json=body,
+            headers={"Authorization": "Bearer test"},
+        ) as response,
+    ):
+        return response.status, await response.json(), response.headers
+
+
+def assistant_calling(call_id: Any, arguments: Any = "{}", content: Any = None) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": "x", "arguments": arguments}}
+        ],
+    }
+
+
+USER = {"role": "user", "content": "t"}
+
+
+def answered(call_id: Any, arguments: Any = "{}", content: Any = None) -> list[dict[str, Any]]:
+    return [
+        USER,
+        assistant_calling(call_id, arguments, content),
+        {"role": "tool", "tool_call_id": call_id, "content": "ok"},
+    ]
+
+
+def test_unknown_profiles_and_quirks_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown server"):
+        FakeOpenAI(server="bedrock")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown quirks"):
+        FakeOpenAI(quirks={"tabs"})
+    with pytest.raises(ValueError, match="upstream is for a relay"):
+        FakeOpenAI(server="mistral", upstream="openai")
+    assert set(SERVERS) >= {"openai", "azure", "ollama", "vllm", "llamacpp", "mistral"}
+
+
+# (server, options, body, status, rule, what the body says)
+REFUSALS: list[Any] = [
+    pytest.param(
+        "openai",
+        {},
+        {"messages": [USER, assistant_calling("call_a")]},
+        400,
+        "tool_calls_answered",
+        {"error": {"param": "messages.[1].role"}},
+        id="openai-unanswered",
+    ),
+    pytest.param(
+        "openai",
+        {},
+        {"messages": [USER, {"role": "assistant", "content": None}, USER]},
+        400,
+        "openai.assistant_content",
+        {"error": {"param": "messages.[1].content"}},
+        id="openai-null",
+    ),
+    pytest.param(
+        "openai",
+        {},
+        {"messages": answered("c" * 41)},
+        400,
+        "openai.tool_call_id_length",
+        {"error": {"code": "string_above_max_length"}},
+        id="openai-id-41",
+    ),
+    pytest.param(
+        "openai",
+        {},
+        {
+            "messages": [USER],
+            "tools": [{"type": "function", "function": {"name": "x", "description": "d" * 1025}}],
+        },
+        400,
+        "openai.tool_description_length",
+        {"error": {"param": "tools[0].function.description"}},
+        id="openai-description",
+    ),
+    pytest.param(
+        "azure",
+        {},
+        {"messages": [USER, {"role": "assistant", "content": None}, USER]},
+        400,
+        "openai.assistant_content",
+        {"error": {"status": 400}},
+        id="azure-null",
+    ),
+    pytest.param(
+        "ollama",
+        {},
+        {"messages": answered("call_a", content=None)},
+        400,
+        "ollama.content_type",
+        {
+            "error": {
+                "message": "invalid message content type: <nil>",
+                "type": "invalid_request_error",
+            }
+        },
+        id="ollama-null",
+    ),
+    pytest.param(
+        "vllm",
+        {},
+        {"messages": answered("call_a", '{"key": "unterminated')},
+        400,
+        "vllm.history_arguments",
+        {"error": {"type": "BadRequestError", "code": 400}},
+        id="vllm-args",
+    ),
+    pytest.param(
+        "llamacpp",
+        {},
+        {"messages": answered("call_a", "[1,")},
+        500,
+        "llamacpp.history_arguments",
+        {"error": {"code": 500, "type": "server_error"}},
+        id="llamacpp-args",
+    ),
+    pytest.param(
+        "llamacpp",
+        {},
+        {"messages": answered(7)},
+        500,
+        "llamacpp.id_type",
+        {"error": {"code": 500}},
+        id="llamacpp-id-type",
+    ),
+    pytest.param(
+        "mistral",
+        {},
+        {"messages": answered("call_1", content="")},
+        400,
+        "mistral.tool_call_id",
+        {
+            "object": "error",
+            "message": "Tool call id was call_1 but must be a-z, A-Z, 0-9, with a length of 9.",
+        },
+        id="mistral-id",
+    ),
+    pytest.param(
+        "mistral",
+        {},
+        {"messages": [USER, {"role": "assistant", "content": "x", "reasoning_content": "r"}, USER]},
+        422,
+        "mistral.extra_fields",
+        {
+            "message": {
+                "detail": [
+                    {
+                        "type": "extra_forbidden",
+                        "loc": ["body", "messages", 1, "assistant", "reasoning_content"],
+                    }
+                ]
+            }
+        },
+        id="mistral-extra",
+    ),
+    pytest.param(
+        "mistral",
+        {},
+        {"messages": [USER, {"role": "assistant", "content": ""}, USER]},
+        400,
+        "mistral.empty_assistant",
+        {"type": "invalid_request_error"},
+        id="mistral-empty",
+    ),
+    pytest.param(
+        "mistral",
+        {},
+        {"messages": [USER, assistant_calling("AbCdE1234", content="")]},
+        400,
+        "mistral.tool_calls_answered",
+        {"message": "Not the same number of function calls and responses"},
+        id="mistral-unanswered",
+    ),
+    pytest.param(
+        "mistral",
+        {},
+        {"messages": [*answered("AbCdE1234", content=""), USER]},
+        400,
+        "mistral.role_order",
+        {"message": "Unexpected role 'user' after role 'tool'", "code": "3230"},
+        id="mistral-user-after-tool",
+    ),
+    pytest.param(
+        "mistral",
+        {},
+        {"messages": [USER, {"role": "assistant", "content": "x"}]},
+        400,
+        "mistral.last_role",
+        {"type": "invalid_request_error"},
+        id="mistral-last-assistant",
+    ),
+    pytest.param(
+        "groq",
+        {},
+        {"messages": [USER], "logprobs": True},
+        400,
+        "groq.unsupported",
+        {"error": {"param": "logprobs"}},
+        id="groq-logprobs",
+    ),
+    pytest.param(
+        "groq",
+        {},
+        {"messages": [USER], "n": 2},
+        400,
+        "groq.unsupported",
+        {"error": {"param": "n"}},
+        id="groq-n",
+    ),
+    pytest.param(
+        "openrouter",
+        {"upstream": "mistral"},
+        {"messages": answered("call_1", content="")},
+        400,
+        "mistral.tool_call_id",
+        {
+            "error": {
+                "code": 400,
+                "message": "Provider returned error",
+                "metadata": {"provider_name": "Mistral"},
+            }
+        },
+        id="openrouter-mistral-id",
+    ),
+    pytest.param(
+        "litellm",
+        {"upstream": "vllm"},
+        {"messages": answered("call_a", "{")},
+        400,
+        "vllm.history_arguments",
+        {"error": {"code": "400"}},
+        id="litellm-vllm-args",
+    ),
+]
+
+
+def contains(actual: Any, expected: Any) -> bool:
+    """``expected`` is a sub-structure of ``actual`` (dicts by key, lists item by item)."""
+    if isinstance(expected, dict):
+        return isinstance(actual, dict) and all(
+            k in actual and contains(actual[k], v) for k, v in expected.items()
+        )
+    if isinstance(expected, list):
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(expected)
+            and all(contains(a, e) for a, e in zip(actual, expected, strict=True))
+        )
+    return bool(actual == expected)
+
+
+@pytest.mark.parametrize(("server", "options", "body", "status", "rule", "says"), REFUSALS)
+async def test_each_profile_refuses_what_its_server_refuses(
+    server: Any, options: dict[str, Any], body: dict[str, Any], status: int, rule: str, says: Any
+) -> None:
+    with FakeOpenAI(server=server, **options) as fake:
+        fake.script("t", [reply("never"), reply("never"), reply("never")])
+        got_status, got, _ = await post_chat(fake, {"model": "m", **body})
+        assert (got_status, contains(got, says)) == (status, True), got
+        [error] = fake.errors
+        assert f"({rule})" in error
+
+
+async def test_relays_wrap_the_upstream_refusal() -> None:
+    with FakeOpenAI(server="openrouter", upstream="mistral") as fake:
+        _, got, _ = await post_chat(
+            fake, {"model": "m", "messages": answered("call_1", content="")}
+        )
+        raw = json.loads(got["error"]["metadata"]["raw"])
+        assert raw["message"].startswith("Tool call id was call_1")
+    with FakeOpenAI(server="litellm", upstream="mistral") as fake:
+        _, got, _ = await post_chat(
+            fake, {"model": "m", "messages": answered("call_1", content="")}
+        )
+        assert got["error"]["message"].startswith("litellm.BadRequestError: MistralException - ")
+
+
+@pytest.mark.parametrize(
+    ("server", "messages"),
+    [
+        ("openai", answered("call_a")),  # content null beside tool calls is fine for OpenAI
+        ("ollama", answered("call_a", content="")),
+        ("vllm", answered("call_a", "")),  # "" becomes {}
+        ("mistral", answered("AbCdE1234", content="")),  # "" beside tool calls is accepted
+        ("groq", answered("call_a")),
+    ],
+)
+async def test_what_a_server_accepts_is_not_refused(server: Any, messages: list[Any]) -> None:
+    with FakeOpenAI(server=server) as fake:
+        fake.script("t", [reply("a"), reply("ok")])
+        status, got, _ = await post_chat(fake, {"model": "m", "messages": messages})
+        assert (status, fake.errors) == (200, []), got
+
+
+ID_FORMATS = {
+    "openai": r"call_\d+",
+    "azure": r"call_\d+",
+    "groq": r"call_\d+",
+    "litellm": r"call_\d+",
+    "openrouter": r"call_\d+",
+    "mistral": r"[A-Za-z0-9]{9}",
+    "ollama": r"call_[a-z0-9]{8}",
+    "vllm": r"chatcmpl-tool-[0-9a-f]{32}",
+    "llamacpp": r"[A-Za-z0-9]{32}",
+}
+
+
+@pytest.mark.parametrize("server", SERVERS)
+async def test_each_profile_answers_in_its_servers_shape(server: Any) -> None:
+    with FakeOpenAI(server=server) as fake:
+        fake.script("t", [calls([("a", {"k": 1}), ("b", {})], reasoning="hmm")])
+        first, second = [
+            (await post_chat(fake, {"model": "m", "messages": [USER]}))[1] for _ in range(2)
+        ]
+        async with client_for(fake) as client:  # the OpenAI client parses every shape
+            parsed = await client.chat.completions.create(model="m", messages=[USER])
+    choice, message = first["choices"][0], first["choices"][0]["message"]
+    ids = [tc["id"] for tc in message["tool_calls"]]
+    assert all(re.fullmatch(ID_FORMATS[server], i) for i in ids), ids
+    assert len(set(ids)) == 2
+    assert ids == [tc["id"] for tc in second["choices"][0]["message"]["tool_calls"]]  # stable
+    assert parsed.choices[0].message.tool_calls is not None
+    assert choice["finish_reason"] == "tool_calls"
+    reasoning = {
+        "vllm": message.get("reasoning_content"),
+        "llamacpp": message.get("reasoning_content"),
+        "litellm": message.get("reasoning_content"),
+        "openrouter": message.get("reasoning"),
+        "mistral": (message["content"] or [{}])[0].get("thinking"),
+    }.get(server)
+    assert reasoning in ("hmm", [{"type": "text", "text": "hmm"}]) or server in (
+        "openai",
+        "azure",
+        "ollama",
+        "groq",
+    )
+    extra: dict[str, Callable[[], bool]] = {
+        "azure": lambda: "prompt_filter_results" in first and "content_filter_results" in choice,
+        "ollama": lambda: first["system_fingerprint"] == "fp_ollama" and message["content"] == "",
+        "vllm": lambda: "stop_reason" in choice,
+        "llamacpp": lambda: "timings" in first,
+        "openrouter": lambda: (
+            first["provider"] == "OpenAI" and choice["native_finish_reason"] == "tool_calls"
+        ),
+        "groq": lambda: first["x_groq"]["id"].startswith("req_"),
+        "mistral": lambda: all(tc["index"] == k for k, tc in enumerate(message["tool_calls"])),
+    }
+    assert extra.get(server, lambda: True)()
+
+
+async def test_explicit_ids_are_sent_as_given_by_every_profile() -> None:
+    with FakeOpenAI(server="mistral") as fake:
+        fake.script("t", [calls([("a", {}, ""), ("b", {}, "dup"), ("c", {}, "dup")])])
+        _, got, _ = await post_chat(fake, {"model": "m", "messages": [USER]})
+    assert [tc["id"] for tc in got["choices"][0]["message"]["tool_calls"]] == ["", "dup", "dup"]
+
+
+async def test_magistral_answers_in_chunks() -> None:
+    with FakeOpenAI(server="mistral") as fake:
+        fake.script("t", [reply("Paris.", reasoning="France.")])
+        _, got, _ = await post_chat(fake, {"model": "m", "messages": [USER]})
+    assert got["choices"][0]["message"]["content"] == [
+        {"type": "thinking", "thinking": [{"type": "text", "text": "France."}]},
+        {"type": "text", "text": "Paris."},
+    ]
+
+
+async def test_azure_content_filter_shapes() -> None:
+    with FakeOpenAI(server="azure") as fake:
+        fake.script("t", [filtered(category="violence")])
+        _, got, _ = await post_chat(fake, {"model": "m", "messages": [USER]})
+    choice = got["choices"][0]
+    assert (choice["finish_reason"], choice["message"]["content"]) == ("content_filter", None)
+    assert choice["content_filter_results"]["violence"] == {"filtered": True, "severity": "high"}
+    assert choice["content_filter_results"]["hate"] == {"filtered": False, "severity": "safe"}
+    assert got["prompt_filter_results"][0]["prompt_index"] == 0
+
+
+@pytest.mark.parametrize(
+    ("quirk", "check"),
+    [
+        ("object_arguments", lambda tc, ch: tc["function"]["arguments"] == {"k": 1}),
+        ("missing_ids", lambda tc, ch: "id" not in tc),
+        ("empty_ids", lambda tc, ch: tc["id"] == ""),
+        ("stop_with_tool_calls", lambda tc, ch: ch["finish_reason"] == "stop"),
+    ],
+)
+async def test_quirks(quirk: str, check: Any) -> None:
+    with FakeOpenAI(server="llamacpp", quirks={quirk}) as fake:
+        fake.script("t", [call("a", {"k": 1})])
+        _, got, _ = await post_chat(fake, {"model": "m", "messages": [USER]})
+    choice = got["choices"][0]
+    assert check(choice["message"]["tool_calls"][0], choice)
+
+
+@pytest.mark.parametrize(
+    ("server", "header", "expected"),
+    [
+        ("openai", None, {"x-ratelimit-reset-tokens": re.compile(r"\d+\.\d{3}s")}),
+        ("groq", None, {"retry-after": "3", "x-ratelimit-reset-tokens": re.compile(r"\d+\.\d+s")}),
+        ("azure", None, {"retry-after": "3"}),
+        ("azure", "x-rate-limit-reset-tokens", {"x-rate-limit-reset-tokens": "3"}),
+        ("openrouter", None, {"Retry-After": "3"}),
+        ("openai", "retry-after-ms", {"retry-after-ms": re.compile(r"2\d{3}")}),
+    ],
+)
+async def test_each_profile_rate_limits_in_its_own_words(
+    server: Any, header: str | None, expected: dict[str, Any]
+) -> None:
+    with FakeOpenAI(server=server) as fake:
+        fake.rate_limit(2.5, header=header)
+        status, got, headers = await post_chat(fake, {"model": "m", "messages": [USER]})
+    assert status == 429 and "error" in got
+    for name, value in expected.items():
+        assert name in headers, dict(headers)
+        assert (
+            value.fullmatch(headers[name])
+            if isinstance(value, re.Pattern)
+            else headers[name] == value
+        )
+    if header is not None:
+        assert not {"retry-after", "x-ratelimit-reset-tokens"} - {header} & {
+            h.lower() for h in headers
+        }
