@@ -224,7 +224,19 @@ class Runner:
                 fence,
             )
             return None
-        history = [json.loads(m) for m in await self.redis.lrange(k.history(run_id), 0, -1)]
+        # The history and a look at the lease in one round trip: a worker that was paused
+        # before this point (and taken over) stops here instead of paying for a model call
+        # on a stale history. (Its writes would be refused anyway.)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lrange(k.history(run_id), 0, -1)
+            pipe.hmget(k.run(run_id), ["fence", "lease_until", "turn", "phase"])
+            pipe.time()
+            raw, (cur_fence, until, cur_turn, phase), (sec, usec) = await pipe.execute()
+        if cur_fence != fence or float(until or 0) <= sec + usec / 1e6:
+            raise LeaseLost(run_id)
+        if cur_turn != str(turn) or phase != "model":
+            return None  # cancelled meanwhile
+        history = [json.loads(m) for m in raw]
         request: dict[str, Any] = {
             "model": self.model,
             "messages": [{"role": "system", "content": self.agent.instructions}, *history],
