@@ -12,6 +12,7 @@ point leaves a run that another worker resumes from Redis alone:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -146,11 +147,12 @@ class Runner:
         self._tools_param = agent.openai_tools()
 
     # --- driving ----------------------------------------------------------------------
-    async def advance(self, run_id: str, fence: str) -> None:
+    async def advance(self, run_id: str, fence: str, lost: asyncio.Event | None = None) -> None:
         """Take the run as far as it goes without a human; return when paused or finished.
 
-        ``fence`` is the caller's lease on the run (see :mod:`agent_core.scripts`).
-        Raises :class:`LeaseLost` when the lease is no longer the caller's.
+        ``fence`` is the caller's lease on the run (see :mod:`agent_core.scripts`); ``lost``,
+        set by the caller's heartbeat when a renewal was refused, stops a model call (and its
+        retries) at once. Raises :class:`LeaseLost` when the lease is no longer the caller's.
         """
         k = self.keys
         began = await self._begin(
@@ -168,7 +170,7 @@ class Runner:
         while run is not None and run.get("status") == "running":
             phase, turn = run.get("phase"), int(run.get("turn") or 0)
             if phase == "model":
-                run = await self._model_turn(run, turn, fence)
+                run = await self._model_turn(run, turn, fence, lost)
             elif phase == "tools":
                 run = await self._tools_turn(run, turn, fence)
             else:
@@ -213,7 +215,7 @@ class Runner:
 
     # --- phase: model -----------------------------------------------------------------
     async def _model_turn(
-        self, run: dict[str, str], turn: int, fence: str
+        self, run: dict[str, str], turn: int, fence: str, lost: asyncio.Event | None = None
     ) -> dict[str, str] | None:
         run_id = run["run_id"]
         k = self.keys
@@ -244,7 +246,7 @@ class Runner:
         if self._tools_param:
             request["tools"] = self._tools_param
         try:
-            completion = await self._complete_model(request)
+            completion = await self._complete_model(request, run_id, lost)
         except openai.APIError as exc:
             # Retried (429, 5xx, timeouts, connection errors) within OPENAI_RETRY_BUDGET.
             # Nothing of this turn was recorded: the run can be retried from here.
@@ -305,7 +307,9 @@ class Runner:
             raise LeaseLost(run_id)
         return pairs(after) if after else None
 
-    async def _complete_model(self, request: dict[str, Any]) -> Completion:
+    async def _complete_model(
+        self, request: dict[str, Any], run_id: str = "", lost: asyncio.Event | None = None
+    ) -> Completion:
         """One completion. Rate limits, server errors, timeouts, connection errors and
         provider failures relayed in a 200 are tried again, waiting what the server asked
         (Retry-After, retry-after-ms, x-ratelimit-reset-*) or backing off, at most
@@ -319,7 +323,7 @@ class Runner:
                 # in Python (~160 ms of event-loop time at 1,000 messages, measured); the
                 # history is already plain JSON. The body is read as plain JSON and checked
                 # here: a 200 is not always a completion.
-                body = await self.client.post("/chat/completions", body=request, cast_to=object)
+                body = await self._post_unless_lost(request, run_id, lost)
                 if isinstance(body, str):
                     body = parse_text_body(body)
                 return parse_completion(body)
@@ -338,9 +342,41 @@ class Runner:
                 error, wait = exc, retries.wait_for(exc, attempt)
             if attempt >= self.model_retries or loop.time() + wait > give_up:
                 raise error
+            if lost is not None and lost.is_set():
+                raise LeaseLost(run_id)
             log.info("model call failed (%s); retrying in %.1f s", type(error).__name__, wait)
-            await asyncio.sleep(wait)
+            if lost is None:
+                await asyncio.sleep(wait)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(lost.wait(), timeout=wait)
+                if lost.is_set():
+                    raise LeaseLost(run_id)
             attempt += 1
+
+    async def _post_unless_lost(
+        self, request: dict[str, Any], run_id: str, lost: asyncio.Event | None
+    ) -> Any:
+        """The model call, abandoned (LeaseLost) as soon as the lease is known to be lost:
+        another worker owns the run, and nothing this one learns could be recorded."""
+        call = self.client.post("/chat/completions", body=request, cast_to=object)
+        if lost is None:
+            return await call
+        if lost.is_set():
+            call.close()
+            raise LeaseLost(run_id)
+        posting = asyncio.ensure_future(call)
+        watching = asyncio.ensure_future(lost.wait())
+        try:
+            await asyncio.wait({posting, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+        if not posting.done():
+            posting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await posting
+            raise LeaseLost(run_id)
+        return posting.result()
 
     def _plan_calls(
         self, turn: int, calls: list[ToolCall]

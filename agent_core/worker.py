@@ -206,7 +206,7 @@ class Worker:
                 await self.jobs.dead_letter(msg, error)
                 log.error("run %s: job %s dead-lettered", run_id, msg.id)
             else:
-                await self.runner.advance(run_id, fence)
+                await self.runner.advance(run_id, fence, lost)
             heartbeat.cancel()
             if await self._finish_job(
                 keys=[self.keys.jobs(), self.keys.run(run_id)],

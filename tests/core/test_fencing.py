@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from agent_core import GateStatus, RunStatus, scripts
+from agent_core import GateStatus, LeaseLost, RunStatus, scripts
+from agent_core.runner import Runner
 from agent_core.testing import FakeOpenAI, calls, reply, tool_messages
-from tests.agents import read_journal
+from tests.agents import ops, read_journal
 from tests.core.harness import Harness
 from tests.core.workers import WorkerProcess, wait_journal
 
@@ -225,3 +227,30 @@ async def test_every_advancing_script_refuses_a_stale_fence(
     # Only the holder can release: the stale fence cannot free the new holder's lease.
     assert await redis.eval(scripts.RELEASE_LEASE, 1, rk, old) == 0
     assert await redis.eval(scripts.RENEW_LEASE, 1, rk, new, 1000) == 1
+
+
+async def test_a_worker_told_its_lease_is_lost_stops_calling_the_model(
+    observer: Harness, fake_openai: FakeOpenAI, redis: Redis
+) -> None:
+    """Rate-limited (the server asks for 20 s), the worker waits to retry; its heartbeat then
+    learns the lease is gone. It stops at once instead of paying for the retries."""
+    fake_openai.script("limited", [reply("never")])
+    fake_openai.rate_limit(20)
+    run = await observer.gateway.start_run("limited", requested_by="U1")
+    fence = await lease(redis, observer.keys.run(run.run_id))
+    client = AsyncOpenAI(api_key="sk-test", base_url=fake_openai.base_url, max_retries=0)
+    runner = Runner(redis, observer.keys, ops, client, model="m", approval_timeout=60)
+    lost = asyncio.Event()
+    try:
+        advancing = asyncio.ensure_future(runner.advance(run.run_id, fence, lost))
+        for _ in range(100):
+            if fake_openai.requests_for("limited"):
+                break
+            await asyncio.sleep(0.02)
+        lost.set()
+        with pytest.raises(LeaseLost):  # well before the 20 s the server asked for
+            await asyncio.wait_for(advancing, 5)
+        assert len(fake_openai.requests_for("limited")) == 1
+    finally:
+        fake_openai.clear_failures()
+        await client.close()
