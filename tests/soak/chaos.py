@@ -1,0 +1,333 @@
+"""The soak's processes and its faults (part of :class:`tests.soak.test_soak.Soak`).
+
+:class:`Proc` is a ``web`` or ``worker`` process the soak started (signalled by its own PID
+only). :class:`Chaos` SIGKILLs workers and ``web`` and restarts them, SIGKILLs ``redis-server``
+and restarts it from its append-only file, pauses a worker (SIGSTOP) past its lease and
+continues it (sometimes mid-tool, found through the tools' journal), counting the takeovers,
+and restarts a process that exited by itself, like a supervisor. Every fault is written to
+``chaos.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import random
+import re
+import signal
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from agent_core import Keys
+from tests.redis_server import RedisServer
+from tests.soak.config import PAUSE_SECONDS, REPO
+
+
+# --------------------------------------------------------------------------- processes
+class Proc:
+    """A process this test started; signalled by its own PID only."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.name, self.argv, self.env, self.log = name, argv, env, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        if self.alive:  # never two of one: the old one would be lost, and keep running
+            return
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv,
+                cwd=REPO,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(signal.SIGCONT)  # a paused one must wake to see the TERM
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def errors(self) -> list[str]:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return [line for line in text.splitlines() if " ERROR " in line]
+
+
+class Chaos:
+    """The faults, and the records of them the rest of the soak consults."""
+
+    # Set by Soak.__init__ (tests/soak/test_soak.py).
+    rng: random.Random
+    redis_server: RedisServer
+    redis: Redis
+    keys: Keys
+    counts: Counter[str]
+    journal: Path
+    _journal_at: int
+    running_tools: dict[str, tuple[str, int]]
+    paused: subprocess.Popen[bytes] | None
+    takeovers: dict[str, list[str]]
+    chaos_log: Path
+    chaos: bool
+    web_kills: list[float]
+    redis_outages: list[tuple[float, float]]
+    workers: list[Proc]
+    web: Proc
+
+    if TYPE_CHECKING:
+
+        def spawn(self, coro: Awaitable[Any]) -> None: ...
+
+    def note(self, what: str) -> str:
+        """Append a line to chaos.log (timestamps comparable with the processes' logs)."""
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
+        with self.chaos_log.open("a", encoding="utf-8") as f:
+            f.write(f"{stamp} {what}\n")
+        return stamp
+
+    def web_killed_between(self, t0: float, t1: float) -> bool:
+        return any(t0 <= t <= t1 for t in self.web_kills)
+
+    def redis_down_between(self, t0: float, t1: float) -> bool:
+        return any(down <= t1 and up >= t0 for down, up in self.redis_outages)
+
+    # ------------------------------------------------------------------ chaos
+    async def kill_workers(self) -> None:
+        while self.chaos:
+            await asyncio.sleep(self.rng.uniform(3, 8))
+            if not self.chaos:
+                return
+            w = self.rng.choice(self.workers)
+            if w.proc is not None and w.proc is self.paused and self.rng.random() < 0.75:
+                # Mostly the other one: a paused worker should often live to wake up.
+                w = next(x for x in self.workers if x is not w)
+            pid = w.proc.pid if w.alive and w.proc is not None else None
+            w.kill()
+            self.note(f"SIGKILL {w.name} pid {pid}")
+            self.counts["worker SIGKILLs"] += 1
+            await asyncio.sleep(self.rng.uniform(0, 2))
+            w.start()
+            self.note(f"started {w.name} pid {w.proc.pid if w.proc else None}")
+
+    async def kill_web(self) -> None:
+        while self.chaos:
+            await asyncio.sleep(self.rng.uniform(6, 15))
+            if not self.chaos:
+                return
+            self.web.kill()
+            self.note("SIGKILL web")
+            self.web_kills.append(time.monotonic())
+            self.counts["web SIGKILLs"] += 1
+            await asyncio.sleep(self.rng.uniform(0.2, 2))
+            self.web.start()
+
+    async def restart_redis(self, at: list[float]) -> None:
+        for t in at:
+            await asyncio.sleep(max(0.0, t - time.monotonic()))
+            if not self.chaos:
+                return
+            self.redis_server.kill()
+            self.note("SIGKILL redis-server")
+            down = time.monotonic()
+            self.counts["Redis SIGKILLs (restarted from the AOF)"] += 1
+            await asyncio.sleep(self.rng.uniform(0.3, 2))
+            self.redis_server.start()
+            self.note("redis-server restarted from its AOF")
+            self.redis_outages.append((down, time.monotonic()))
+
+    def tail_journal(self) -> None:
+        """Read the journal's new complete lines: which tools are running now, in which pid."""
+        with self.journal.open("rb") as f:
+            f.seek(self._journal_at)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self._journal_at += end
+        for line in data[:end].decode(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) != 4:
+                continue
+            event, tool, op, pid = parts
+            if event == "start":
+                self.running_tools[op] = (tool, int(pid))
+            else:
+                self.running_tools.pop(op, None)
+
+    def tool_running_in(self, pid: int) -> str | None:
+        """A slow or idempotent tool call running in that process right now, if any."""
+        self.tail_journal()
+        for op, (tool, in_pid) in self.running_tools.items():
+            if in_pid == pid and tool in ("slow_act", "resync"):
+                return op
+        return None
+
+    async def leases_held_by(self, pid: int) -> dict[str, int] | None:
+        """The runs whose lease the worker with that pid holds now: run id -> fence.
+        None while Redis is down (nothing observed)."""
+        for attempt in range(3):  # a connection dropped by a Redis restart fails once
+            try:
+                ids = await self.redis.zrange(self.keys.active(), 0, -1)
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.time()
+                    for run_id in ids:
+                        pipe.hmget(self.keys.run(run_id), "fence", "lease_owner", "lease_until")
+                    res = await pipe.execute()
+                break
+            except (RedisError, OSError):
+                if attempt == 2:
+                    return None
+                await asyncio.sleep(0.1)
+        secs, micros = res[0]
+        now = secs + micros / 1e6
+        held: dict[str, int] = {}
+        for run_id, (fence, owner, until) in zip(ids, res[1:], strict=True):
+            # Worker names are <host>-<pid>-<hex> (agent_core.worker.Worker).
+            parts = (owner or "").rsplit("-", 2)
+            if len(parts) == 3 and parts[1] == str(pid) and float(until or 0) > now:
+                held[run_id] = int(fence or 0)
+        return held
+
+    async def fences(self, run_ids: list[str]) -> dict[str, int] | None:
+        """The runs' fences now; None when Redis stayed down for 2 s."""
+        for _ in range(10):
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for run_id in run_ids:
+                        pipe.hget(self.keys.run(run_id), "fence")
+                    res = await pipe.execute()
+                return {r: int(f or 0) for r, f in zip(run_ids, res, strict=True)}
+            except (RedisError, OSError):
+                await asyncio.sleep(0.2)
+        return None
+
+    async def pause_workers(self) -> None:
+        """SIGSTOP a worker for longer than its lease, then SIGCONT it (its own PID only).
+        Sometimes waits for one of its tools to be running, and pauses it mid-call."""
+        while self.chaos:
+            await asyncio.sleep(self.rng.uniform(4, 10))
+            if not self.chaos:
+                return
+            w = self.rng.choice(self.workers)
+            op = None
+            if self.rng.random() < 0.4:
+                give_up = time.monotonic() + 15
+                while self.chaos and time.monotonic() < give_up:
+                    proc = w.proc
+                    if proc is not None and proc.poll() is None:
+                        op = self.tool_running_in(proc.pid)
+                        if op is not None:
+                            break
+                    await asyncio.sleep(0.05)
+                if op is None:
+                    self.counts["pauses that waited for a tool in vain (paused anyway)"] += 1
+            # Not while Redis is down: the leases it holds could not be looked at.
+            for _ in range(100):
+                if self.redis_server.running or not self.chaos:
+                    break
+                await asyncio.sleep(0.1)
+            proc = w.proc
+            if not self.chaos or proc is None or proc.poll() is not None:
+                continue
+            await self.pause(w, proc, self.rng.uniform(*PAUSE_SECONDS), op)
+
+    async def pause(
+        self, w: Proc, proc: subprocess.Popen[bytes], seconds: float, op: str | None
+    ) -> None:
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped = self.note(f"SIGSTOP {w.name} pid {proc.pid} for {seconds:.1f} s (mid-tool: {op})")
+        self.paused = proc
+        self.counts["worker pauses (SIGSTOP past the lease)"] += 1
+        if op is not None:
+            self.counts["worker pauses while a tool ran"] += 1
+        log_from = w.log.stat().st_size if w.log.exists() else 0
+        held: dict[str, int] | None = None
+        now: dict[str, int] | None = None
+        try:
+            held = await self.leases_held_by(proc.pid)
+            self.note(f"{w.name} pid {proc.pid} holds {held} (run id: fence)")
+            await asyncio.sleep(seconds)
+            if held:
+                now = await self.fences(list(held))
+        finally:
+            if proc.poll() is None:  # still ours and alive (not SIGKILLed meanwhile)
+                os.kill(proc.pid, signal.SIGCONT)
+                woke = self.note(f"SIGCONT {w.name} pid {proc.pid}; fences now {now}")[11:]
+                self.spawn(self.after_pause(w, log_from))
+            else:
+                woke = "never (SIGKILLed)"
+                self.counts["paused workers SIGKILLed while stopped"] += 1
+            self.paused = None
+        if held is None:
+            self.counts["pauses during a Redis outage (leases not observed)"] += 1
+            return
+        if not held:
+            self.counts["pauses of a worker that held no run"] += 1
+            return
+        self.counts["runs held by a worker when it was paused"] += len(held)
+        if now is None:
+            self.counts["pauses whose takeovers were not observed (Redis down at SIGCONT)"] += 1
+            return
+        taken = [r for r, fence in held.items() if now.get(r, 0) > fence]
+        for r in taken:
+            self.takeovers.setdefault(r, []).append(
+                f"taken over from {w.name} pid {proc.pid} stopped {stopped[11:]} to "
+                f"{woke}, fence {held[r]}->{now[r]}"
+            )
+        self.counts["takeovers (fence moved on while the holder was stopped)"] += len(taken)
+        if taken:
+            self.counts["pauses with a takeover"] += 1
+        if op is not None and taken:
+            self.counts["pauses mid-tool with a takeover"] += 1
+
+    async def after_pause(self, w: Proc, log_from: int) -> None:
+        """What the paused worker logged once awake: it noticed it lost its runs."""
+        await asyncio.sleep(8)
+        with w.log.open("rb") as f:
+            f.seek(log_from)
+            text = f.read().decode(errors="replace")
+        self.counts["'lost its lease' lines logged by woken workers"] += text.count(
+            "lost its lease"
+        )
+        self.counts["'result of … discarded' lines logged by woken workers"] += len(
+            re.findall(r"result of \S+ discarded", text)
+        )
+
+    async def supervise(self) -> None:
+        """What a process supervisor does: a process that exited by itself (not SIGKILLed by
+        the soak) is counted, with its exit code, and started again a second later."""
+        seen: set[int] = set()
+        while True:
+            await asyncio.sleep(0.5)
+            for p in (*self.workers, self.web):
+                proc = p.proc
+                if proc is None or id(proc) in seen or proc.poll() is None:
+                    continue
+                if proc.returncode == -signal.SIGKILL:
+                    continue  # ours: whoever killed it starts it again
+                seen.add(id(proc))
+                self.note(f"{p.name} pid {proc.pid} exited by itself, code {proc.returncode}")
+                name = p.name.rstrip("0123456789")
+                self.counts[f"{name} exits by itself (code {proc.returncode}), restarted"] += 1
+                await asyncio.sleep(1.0)
+                p.start()

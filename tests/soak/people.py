@@ -1,0 +1,441 @@
+"""The people of the soak (part of :class:`tests.soak.test_soak.Soak`).
+
+:class:`SoakSlack` is the fake Slack, indexing what the people see: the replies to each
+response_url, the forms opened, the buttons each gate's card shows. The plans are the runs the
+requester asks for (each with a scripted model conversation). :class:`People` starts runs
+through signed ``/agent`` commands, watches Redis for runs and gates, and gives every gate its
+seeded fate: approve, deny (button then modal), expire (sometimes a late click), a double
+click, an approve/deny race, or a cancel. A person whose click did not take clicks again; a
+click acknowledged and then lost is noted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from redis.asyncio import Redis
+
+from agent_core import Gateway, Keys
+from agent_core.testing import FakeOpenAI, Step, call, calls, reply
+from bot import cards
+from bot.testing import FakeSlack, HttpResult, SlackCall, SlackClient
+from tests.soak.config import (
+    APPROVER,
+    APPROVER2,
+    CHANNEL,
+    FATE_WEIGHTS,
+    FATES,
+    MAX_OPEN_RUNS,
+    REQUESTER,
+    SEED,
+)
+
+
+class SoakSlack(FakeSlack):
+    """A :class:`FakeSlack` that also indexes what the soak looks up often: the replies to
+    each response_url, the forms opened per trigger_id, and the Approve/Deny buttons each
+    gate's card showed (``calls`` copies every call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.replies: dict[str, list[str]] = {}
+        self.opened: dict[str, dict[str, Any]] = {}
+        # gate id -> {action id: button value} as last shown, and where that card is. Kept
+        # once the card loses its buttons: a person's Slack may still show them (late clicks).
+        self.buttons: dict[str, dict[str, str]] = {}
+        self.card_at: dict[str, tuple[str, str]] = {}
+
+    def _record(self, call: SlackCall) -> None:
+        super()._record(call)
+        with self._lock:
+            if call.method.startswith("response_url:"):
+                name = call.method.split(":", 1)[1]
+                self.replies.setdefault(name, []).append(str(call.args.get("text", "")))
+            elif call.method == "views.open" and call.ok:
+                self.opened[str(call.args.get("trigger_id"))] = call.args["view"]
+            elif call.method in ("chat.postMessage", "chat.update") and call.ok:
+                where = (str(call.response.get("channel", "")), str(call.response.get("ts", "")))
+                for block in call.args.get("blocks") or []:
+                    if not isinstance(block, dict) or block.get("type") != "actions":
+                        continue
+                    for el in block.get("elements") or []:
+                        action = el.get("action_id")
+                        if action in (cards.APPROVE_ACTION, cards.DENY_ACTION):
+                            value = str(el.get("value") or "")
+                            gate_id = cards.parse_button_value(value)[0]
+                            self.buttons.setdefault(gate_id, {})[action] = value
+                            self.card_at[gate_id] = where
+
+
+# --------------------------------------------------------------------------- the plan
+@dataclass
+class CallPlan:
+    tool: str
+    op: str
+    args: dict[str, Any]
+
+
+@dataclass
+class RunPlan:
+    index: int
+    attempt: int
+    task: str
+    turns: list[list[CallPlan]]
+    run_id: str | None = None
+    acked_at: float | None = None
+    reply_name: str = ""
+    abandoned: bool = False  # acknowledged or not, it never became a run (yet)
+
+
+@dataclass
+class Click:
+    kind: str  # approve | deny-button | deny-submit | cancel
+    user: str
+    sent_at: float  # time.monotonic()
+    status: int  # HTTP status, 0 when the request failed
+    reply_name: str
+    sent_unix: float = field(default_factory=time.time)
+
+
+@dataclass
+class GateRecord:
+    gate_id: str
+    run_id: str
+    op: str
+    tool: str
+    fate: str
+    deadline: float  # unix seconds
+    clicks: list[Click] = field(default_factory=list)
+
+    def sent(self, kind: str) -> bool:
+        return any(c.kind == kind for c in self.clicks)
+
+
+def plan_run(rng: random.Random, index: int, attempt: int) -> RunPlan:
+    task = f"soak {SEED} run {index} try {attempt}"
+    turns: list[list[CallPlan]] = []
+    for t in range(rng.choice([1, 1, 2, 2, 3])):
+        turn = []
+        for k in range(rng.choice([1, 1, 1, 2])):
+            op = f"{index}.{attempt}.{t}.{k}"
+            tool = rng.choices(["act", "slow_act", "resync", "peek"], [55, 15, 10, 20])[0]
+            args: dict[str, Any] = {"op": op}
+            if tool == "slow_act":
+                args["seconds"] = round(rng.uniform(0.2, 1.5), 2)
+            turn.append(CallPlan(tool, op, args))
+        turns.append(turn)
+    return RunPlan(index, attempt, task, turns)
+
+
+def script_of(plan: RunPlan) -> list[Step]:
+    steps: list[Step] = []
+    for turn in plan.turns:
+        if len(turn) == 1:
+            steps.append(call(turn[0].tool, turn[0].args))
+        else:
+            steps.append(calls([(c.tool, c.args) for c in turn]))
+    steps.append(reply(f"final answer of {plan.task}"))
+    return steps
+
+
+class People:
+    """The requester and the approvers: the load, and a decision (or none) for every gate."""
+
+    # Set by Soak.__init__ (tests/soak/test_soak.py).
+    rng: random.Random
+    slack: SoakSlack
+    model: FakeOpenAI
+    client: SlackClient
+    redis: Redis
+    keys: Keys
+    gateway: Gateway
+    counts: Counter[str]
+    runs: dict[str, RunPlan]  # task -> plan
+    by_run_id: dict[str, RunPlan]
+    gates: dict[str, GateRecord]
+    ops: dict[str, CallPlan]
+    finished: set[str]
+    lost: list[str]  # acknowledged requests whose effect never happened
+    loading: bool
+    _n: int
+
+    if TYPE_CHECKING:
+
+        def spawn(self, coro: Awaitable[Any]) -> None: ...
+
+        async def safely(self, coro: Awaitable[Any], default: Any = None) -> Any: ...
+
+        def saw(self, gate_id: str, status: str, how: str, issued: float) -> None: ...
+
+        def web_killed_between(self, t0: float, t1: float) -> bool: ...
+
+        def redis_down_between(self, t0: float, t1: float) -> bool: ...
+
+    # ------------------------------------------------------------------ helpers
+    def reply_name(self, what: str) -> str:
+        self._n += 1
+        return f"{what}{self._n}"
+
+    async def send(self, make: Callable[[], Awaitable[HttpResult]]) -> int:
+        """One request to web; 0 when it did not get through (web down or killed)."""
+        try:
+            return (await asyncio.wait_for(make(), timeout=10)).status
+        except Exception:
+            self.counts["requests not answered (web down)"] += 1
+            return 0
+
+    def told(self, name: str) -> str:
+        """What was posted to the response_url called ``name``."""
+        return " | ".join(self.slack.replies.get(name, []))
+
+    # ------------------------------------------------------------------ load
+    def open_runs(self) -> int:
+        return sum(1 for p in self.runs.values() if p.task not in self.finished and not p.abandoned)
+
+    async def starter(self) -> None:
+        index = 0
+        while self.loading:
+            if self.open_runs() < MAX_OPEN_RUNS:
+                self.spawn(self.start_run(index))
+                index += 1
+            await asyncio.sleep(self.rng.uniform(0.05, 0.4))
+
+    async def start_run(self, index: int) -> None:
+        rng = random.Random(f"{SEED}:start:{index}")
+        for attempt in range(30):
+            if not self.loading:
+                return
+            plan = plan_run(rng, index, attempt)
+            self.model.script(plan.task, script_of(plan))
+            for turn in plan.turns:
+                for c in turn:
+                    self.ops[c.op] = c
+            self.runs[plan.task] = plan
+            plan.reply_name = self.reply_name("cmd")
+            sent = time.monotonic()
+            status = await self.send(
+                lambda p=plan: self.client.command(
+                    p.task,
+                    user_id=REQUESTER,
+                    channel_id=CHANNEL,
+                    response_url=self.slack.response_url(p.reply_name),
+                )
+            )
+            if status == 200:
+                plan.acked_at = time.monotonic()
+                self.counts["slash commands acknowledged"] += 1
+                if await self.wait_started(plan, 20.0):
+                    return
+                if "unavailable" in self.told(plan.reply_name):
+                    self.counts["slash commands told 'backend unavailable'"] += 1
+                elif self.web_killed_between(sent, sent + 3):
+                    # Acknowledged only once the run is in Redis (09da2b7), unless Redis was
+                    # down for the whole 2 s budget.
+                    if self.redis_down_between(sent, sent + 3):
+                        self.counts["slash commands acked during a Redis outage, web killed"] += 1
+                    else:
+                        self.lost.append(f"/agent {plan.task!r} acknowledged, then no run")
+                else:
+                    self.counts["slash commands acknowledged, no run after 20 s"] += 1
+            plan.abandoned = True  # a person tries again (a run may still show up: it counts)
+            await asyncio.sleep(0.5)
+
+    async def wait_started(self, plan: RunPlan, seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if plan.run_id is not None:
+                return True
+            await asyncio.sleep(0.2)
+        return plan.run_id is not None
+
+    async def watcher(self) -> None:
+        """Learns run ids and new gates from Redis, and spawns each gate's fate."""
+        known_ids: set[str] = set()
+        while True:
+            ids = await self.safely(self.redis.zrange(self.keys.user_runs(REQUESTER), 0, -1), [])
+            for run_id in [i for i in ids if i not in known_ids]:
+                task = await self.safely(self.redis.hget(self.keys.run(run_id), "task"))
+                plan = self.runs.get(task or "")
+                if plan is None:
+                    continue
+                known_ids.add(run_id)
+                plan.run_id = run_id
+                plan.abandoned = False
+                self.by_run_id[run_id] = plan
+            open_ids = [p.run_id for p in self.by_run_id.values() if p.task not in self.finished]
+            for run_id in open_ids:
+                assert run_id is not None
+                await self.look_at_run(run_id)
+            await asyncio.sleep(0.25)
+
+    async def look_at_run(self, run_id: str) -> None:
+        run = await self.safely(self.gateway.get_run(run_id))
+        if run is None:
+            return
+        if run.status.finished:
+            self.finished.add(self.by_run_id[run_id].task)
+            return
+        for gate in await self.safely(self.gateway.gates(run_id), []):
+            if gate.gate_id in self.gates:
+                continue
+            op = str(gate.args.get("op"))
+            fate = random.Random(f"{SEED}:{op}").choices(FATES, FATE_WEIGHTS)[0]
+            rec = GateRecord(gate.gate_id, run_id, op, gate.tool, fate, gate.deadline)
+            self.gates[gate.gate_id] = rec
+            self.counts[f"fate: {fate}"] += 1
+            self.spawn(self.decide(rec))
+
+    # ------------------------------------------------------------------ decisions
+    async def gate_status(self, gate_id: str) -> str | None:
+        issued = time.monotonic()
+        st = await self.safely(self.redis.hget(self.keys.gate(gate_id), "status"))
+        if st is not None:
+            self.saw(gate_id, str(st), "read from Redis", issued)
+        return st
+
+    async def button(self, rec: GateRecord, action: str, wait: float) -> str | None:
+        """The value of the card's button as a person sees it (waits for the card)."""
+        end = time.monotonic() + wait
+        while True:
+            value = self.slack.buttons.get(rec.gate_id, {}).get(action)
+            if value is not None or time.monotonic() >= end:
+                return value
+            await asyncio.sleep(0.1)
+
+    async def click(
+        self, rec: GateRecord, kind: str, user: str, *, wait: float = 5.0, **kw: Any
+    ) -> Click:
+        """Click Approve or Deny on the gate's card, with the value the card carries."""
+        name = self.reply_name("click")
+        action = {
+            "approve": cards.APPROVE_ACTION,
+            "deny-button": cards.DENY_ACTION,
+        }[kind]
+        value = await self.button(rec, action, wait)
+        sent = time.monotonic()
+        if value is None:  # no card shown yet: nothing to click (the person looks again)
+            self.counts["clicks not made: no card shown yet"] += 1
+            return Click(kind, user, sent, 0, name)
+        channel, ts = self.slack.card_at.get(rec.gate_id, (CHANNEL, "1700000000.000100"))
+        status = await self.send(
+            lambda: self.client.action(
+                action,
+                value,
+                user_id=user,
+                channel_id=channel,
+                message_ts=ts,
+                response_url=self.slack.response_url(name),
+                **kw,
+            )
+        )
+        c = Click(kind, user, sent, status, name)
+        rec.clicks.append(c)
+        return c
+
+    async def deny(self, rec: GateRecord, user: str) -> None:
+        """The Deny button, then the modal it opens, submitted with a reason."""
+        trigger = self.reply_name("trigger")
+        c = await self.click(rec, "deny-button", user, trigger_id=trigger)
+        if c.status != 200:
+            return
+        end = time.monotonic() + 3
+        while time.monotonic() < end and trigger not in self.slack.opened:
+            await asyncio.sleep(0.05)
+        view = self.slack.opened.get(trigger)
+        if view is None:
+            return  # the web died before opening the form: the person clicks again
+        values = {cards.REASON_BLOCK: {cards.REASON_ACTION: {"value": f"soak says no to {rec.op}"}}}
+        name = self.reply_name("submit")
+        sent = time.monotonic()
+        status = await self.send(
+            lambda: self.client.view_submission(
+                view["callback_id"], view["private_metadata"], values=values, user_id=user
+            )
+        )
+        rec.clicks.append(Click("deny-submit", user, sent, status, name))
+
+    async def cancel(self, rec: GateRecord) -> None:
+        name = self.reply_name("cancel")
+        sent = time.monotonic()
+        status = await self.send(
+            lambda: self.client.command(
+                f"cancel {rec.run_id}",
+                user_id=REQUESTER,
+                channel_id=CHANNEL,
+                response_url=self.slack.response_url(name),
+            )
+        )
+        rec.clicks.append(Click("cancel", REQUESTER, sent, status, name))
+
+    async def decide(self, rec: GateRecord) -> None:
+        rng = random.Random(f"{SEED}:{rec.op}:timing")
+        await asyncio.sleep(rng.uniform(0.1, 2.5))
+        if rec.fate == "expire":
+            if rng.random() < 0.3:  # a click after the deadline: must not run the call
+                await asyncio.sleep(max(0.0, rec.deadline - time.time()) + 0.3)
+                # On the card as it was shown (a Slack client that has not refreshed yet).
+                if (await self.click(rec, "approve", APPROVER, wait=0)).status:
+                    self.counts["late clicks (after the deadline)"] += 1
+            return
+        give_up = time.monotonic() + 90
+        attempt = 0
+        while time.monotonic() < give_up:
+            if await self.gate_status(rec.gate_id) != "pending":
+                return
+            if attempt:
+                self.counts["clicked again (the first did not take)"] += 1
+            attempt += 1
+            n_before = len(rec.clicks)
+            if rec.fate == "approve":
+                await self.click(rec, "approve", rng.choice([APPROVER, APPROVER2]))
+            elif rec.fate == "deny":
+                await self.deny(rec, rng.choice([APPROVER, APPROVER2]))
+            elif rec.fate == "double":
+                await asyncio.gather(
+                    self.click(rec, "approve", APPROVER), self.click(rec, "approve", APPROVER)
+                )
+            elif rec.fate == "race":
+                await asyncio.gather(
+                    self.click(rec, "approve", APPROVER), self.deny(rec, APPROVER2)
+                )
+            elif rec.fate == "cancel":
+                await self.cancel(rec)
+            # Did it take? Give the web (and a restarting Redis) a moment.
+            for _ in range(30):
+                await asyncio.sleep(0.1)
+                if await self.gate_status(rec.gate_id) != "pending":
+                    break
+            else:
+                self.note_lost(rec, rec.clicks[n_before:])
+            await asyncio.sleep(rng.uniform(0.2, 1.0))
+
+    def note_lost(self, rec: GateRecord, clicks: list[Click]) -> None:
+        """Clicks that got through but decided nothing within 3 s: why?"""
+        deciding = [c for c in clicks if c.status == 200 and c.kind in ("approve", "deny-submit")]
+        for c in deciding:
+            text = self.told(c.reply_name)
+            low = text.lower()
+            if any(w in low for w in ("unavailable", "not been recorded", "not answering")):
+                self.counts["clicks told 'service unavailable' (Redis down)"] += 1
+            elif c.sent_unix >= rec.deadline:
+                continue
+            elif text:
+                if not any(w in low for w in ("already", "expired", "cancelled", "closed")):
+                    # An approver clicked the card's own button in time and was refused.
+                    self.lost.append(f"{c.kind} of {rec.op} refused: {text[:120]!r}")
+                continue
+            elif self.web_killed_between(c.sent_at, c.sent_at + 3):
+                # Acknowledged only once the decision is in Redis (adc56f9), unless Redis was
+                # down for the whole 2 s budget.
+                if self.redis_down_between(c.sent_at, c.sent_at + 3):
+                    self.counts["clicks acked during a Redis outage, web killed"] += 1
+                else:
+                    self.lost.append(f"{c.kind} of {rec.op} acknowledged, then lost")
+            else:
+                self.counts["clicks that took more than 3 s"] += 1
