@@ -22,6 +22,7 @@ from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
 from agent_core import GateStatus, LeaseLost, RunStatus, scripts
+from agent_core.gateway import new_gate_id
 from agent_core.runner import Runner
 from agent_core.testing import FakeOpenAI, calls, reply, tool_messages
 from tests.agents import ops, read_journal
@@ -254,3 +255,39 @@ async def test_a_worker_told_its_lease_is_lost_stops_calling_the_model(
     finally:
         fake_openai.clear_failures()
         await client.close()
+
+
+async def test_open_gates_never_touches_an_existing_gate_or_a_call_that_moved_on(
+    observer: Harness, redis: Redis
+) -> None:
+    """Even its lease holder cannot reopen a decided gate: OPEN_GATES is all or nothing, and
+    refuses a gate that exists or a call no longer waiting for one."""
+    gw, k = observer.gateway, observer.keys
+    run = await gw.start_run("reopen", requested_by="U1")
+    rk, turn = k.run(run.run_id), k.turn(run.run_id, 1)
+    await redis.hset(rk, mapping={"status": "running", "turn": 1, "phase": "tools"})
+    await redis.hset(turn, mapping={"state:c1": "needs_gate", "state:c2": "needs_gate"})
+    fence = await lease(redis, rk)
+    runner = Runner(redis, k, ops, client=None, model="m", approval_timeout=60)  # type: ignore[arg-type]
+    calls = [
+        {
+            "id": f"c{i}",
+            "name": "delete_user",
+            "args": {"user_id": str(i)},
+            "gate_id": new_gate_id(),
+        }
+        for i in (1, 2)
+    ]
+    await runner._open_gates(await redis.hgetall(rk), 1, calls, fence)
+    first = calls[0]["gate_id"]
+    assert (await gw.decide(first, "approve", by="U2")).applied
+    before = {g: await redis.hgetall(k.gate(g)) for g in (first, calls[1]["gate_id"])}
+    events = await redis.xlen(k.events())
+    # A stale view of the turn (as a worker paused before the decision would hold): refused.
+    await redis.hset(rk, mapping={"status": "running"})
+    await runner._open_gates(await redis.hgetall(rk), 1, calls, fence)
+    await redis.hset(turn, "state:c2", "done")
+    await runner._open_gates(await redis.hgetall(rk), 1, calls[1:], fence)
+    after = {g: await redis.hgetall(k.gate(g)) for g in before}
+    assert after == before and after[first]["status"] == "approved"
+    assert await redis.xlen(k.events()) == events  # no second gate.opened
