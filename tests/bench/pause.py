@@ -195,8 +195,10 @@ class Ours(Framework):
         real = await self.gateway.start_run(task_for(0), requested_by="U-bench")
         await self._job_done()
         mine = await self._create_run(0)
-        real_fields = set(await self.setup_redis.hkeys(self.keys.run(real.run_id)))
-        my_fields = set(await self.setup_redis.hkeys(self.keys.run(mine)))
+        # The lease fields are the worker's (written when it takes a run), not start_run's.
+        lease = {"fence", "lease_until", "lease_owner"}
+        real_fields = set(await self.setup_redis.hkeys(self.keys.run(real.run_id))) - lease
+        my_fields = set(await self.setup_redis.hkeys(self.keys.run(mine))) - lease
         assert my_fields == real_fields, f"run shape drifted: {my_fields ^ real_fields}"
         await self.setup_redis.xadd(self.keys.jobs(), {"type": "start", "run_id": mine})
         await self._job_done()
@@ -233,6 +235,7 @@ class Ours(Framework):
             pipe.hset(k.run(run_id), mapping=fields)
             pipe.rpush(k.history(run_id), *history)
             pipe.zadd(k.user_runs("U-bench"), {run_id: now})
+            pipe.zadd(k.active(), {run_id: now})
             await pipe.execute()
         return run_id
 

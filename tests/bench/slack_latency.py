@@ -291,6 +291,12 @@ class Gate:
     index: int
     gate_id: str
     card_ts: str
+    args_hash: str = ""
+
+    @property
+    def button_value(self) -> str:
+        """What the card's Approve button carries (``<gate id>:<args hash>``)."""
+        return f"{self.gate_id}:{self.args_hash}"
 
 
 @dataclass
@@ -349,7 +355,7 @@ class Results:
 def click_body(client: SlackClient, slack_url: str, gate: Gate, user: str, n: int) -> bytes:
     payload = client.action_payload(
         "gate_approve",
-        gate.gate_id,
+        gate.button_value,
         user_id=user,
         channel_id=CHANNEL,
         message_ts=gate.card_ts,
@@ -486,14 +492,14 @@ async def load_gates(r: aioredis.Redis, keys: Keys) -> dict[int, Gate]:
     ids = await r.zrange(keys.deadlines(), 0, -1)
     async with r.pipeline(transaction=False) as pipe:
         for gid in ids:
-            pipe.hget(keys.gate(gid), "args")
+            pipe.hmget(keys.gate(gid), ["args", "args_hash"])
             pipe.hget(keys.ext("slack-card", gid), "ts")
         replies = await pipe.execute()
     out: dict[int, Gate] = {}
-    for gid, args, ts in zip(ids, replies[0::2], replies[1::2], strict=True):
+    for gid, (args, digest), ts in zip(ids, replies[0::2], replies[1::2], strict=True):
         user_id = json.loads(args or "{}").get("user_id", "")
         if user_id.startswith("u") and ts:
-            out[int(user_id[1:])] = Gate(int(user_id[1:]), gid, ts)
+            out[int(user_id[1:])] = Gate(int(user_id[1:]), gid, ts, digest or "")
     return out
 
 
