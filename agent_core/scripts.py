@@ -33,6 +33,20 @@ end
 local function finished(st)
   return st == 'completed' or st == 'failed' or st == 'cancelled'
 end
+-- Close a pending gate as `cancelled` (its run was cancelled or failed) and announce it.
+-- `extra` is more JSON for the event (',"run_failed":true') and `more` more gate fields.
+local function close_gate(gate_key, gid, deadlines, events, run_id, by, reason, nowstr,
+    origin, extra, more)
+  redis.call('HSET', gate_key, 'status', 'cancelled', 'decided_by', by, 'reason', reason,
+    'decided_at', nowstr, unpack(more))
+  redis.call('ZREM', deadlines, gid)
+  local g = redis.call('HMGET', gate_key, 'tool', 'call_id')
+  local data = '{"gate_id":' .. cjson.encode(gid) .. ',"run_id":' .. cjson.encode(run_id)
+    .. ',"call_id":' .. cjson.encode(g[2]) .. ',"tool":' .. cjson.encode(g[1])
+    .. ',"status":"cancelled","by":' .. cjson.encode(by) .. ',"reason":' .. cjson.encode(reason)
+    .. extra .. ',"decided_at":' .. nowstr .. ',"origin":' .. origin .. '}'
+  redis.call('XADD', events, '*', 'type', 'gate.decided', 'run_id', run_id, 'data', data)
+end
 -- HSET/RPUSH in slices: unpack() of thousands of values overflows Lua's C stack.
 local function hset_from(key, argv, first)
   local i = first
@@ -441,15 +455,8 @@ local reason = 'the run failed: ' .. ARGV[2]
 for i = 7, #KEYS do
   local gid = ARGV[i]
   if redis.call('HGET', KEYS[i], 'status') == 'pending' then
-    redis.call('HSET', KEYS[i], 'status', 'cancelled', 'decided_by', '', 'reason', reason,
-      'decided_at', nowstr, 'closed_by_failure', '1')
-    redis.call('ZREM', KEYS[4], gid)
-    local g = redis.call('HMGET', KEYS[i], 'tool', 'call_id')
-    local data = '{"gate_id":' .. cjson.encode(gid) .. ',"run_id":' .. cjson.encode(ARGV[5])
-      .. ',"call_id":' .. cjson.encode(g[2]) .. ',"tool":' .. cjson.encode(g[1])
-      .. ',"status":"cancelled","by":"","reason":' .. cjson.encode(reason)
-      .. ',"run_failed":true,"decided_at":' .. nowstr .. ',"origin":' .. origin .. '}'
-    redis.call('XADD', KEYS[2], '*', 'type', 'gate.decided', 'run_id', ARGV[5], 'data', data)
+    close_gate(KEYS[i], gid, KEYS[4], KEYS[2], ARGV[5], '', reason, nowstr, origin,
+      ',"run_failed":true', {'closed_by_failure', '1'})
   end
 end
 redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[2], 'phase', 'done',
@@ -496,7 +503,9 @@ return {ok = 'queued'}
 # ARGV[5..] gate ids
 # Returns {'cancelled'} | {'finished', status} | {'missing'} | {'retry'} (a gate was
 # opened or a turn recorded since the caller looked: look again).
-CANCEL_RUN = """
+CANCEL_RUN = (
+    _HELPERS
+    + """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing'} end
 if st == 'completed' or st == 'failed' or st == 'cancelled' then return {'finished', st} end
@@ -512,16 +521,7 @@ for i = 8, #KEYS do
   local gid = ARGV[i - 3]
   local gs = redis.call('HGET', KEYS[i], 'status')
   if gs == 'pending' then
-    redis.call('HSET', KEYS[i], 'status', 'cancelled', 'decided_by', ARGV[1],
-      'reason', ARGV[2], 'decided_at', nowstr)
-    redis.call('ZREM', KEYS[2], gid)
-    local g = redis.call('HMGET', KEYS[i], 'tool', 'call_id')
-    local data = '{"gate_id":' .. cjson.encode(gid) .. ',"run_id":' .. cjson.encode(ARGV[3])
-      .. ',"call_id":' .. cjson.encode(g[2]) .. ',"tool":' .. cjson.encode(g[1])
-      .. ',"status":"cancelled","by":' .. cjson.encode(ARGV[1])
-      .. ',"reason":' .. cjson.encode(ARGV[2]) .. ',"decided_at":' .. nowstr
-      .. ',"origin":' .. origin .. '}'
-    redis.call('XADD', KEYS[3], '*', 'type', 'gate.decided', 'run_id', ARGV[3], 'data', data)
+    close_gate(KEYS[i], gid, KEYS[2], KEYS[3], ARGV[3], ARGV[1], ARGV[2], nowstr, origin, '', {})
   elseif gs == 'approved' then
     local g = redis.call('HMGET', KEYS[i], 'turn', 'call_id')
     if g[1] == ARGV[4] then
@@ -548,6 +548,7 @@ redis.call('ZADD', KEYS[5], nowstr, ARGV[3])
 redis.call('ZREM', KEYS[6], ARGV[3])
 return {'cancelled'}
 """
+)
 
 # Repair a run that nothing will advance: no live lease, no recent progress, and either no
 # pending gate while it waits for approval, or no job while it is queued or running. It

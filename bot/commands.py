@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 
 from agent_core.exceptions import InvalidState, RunNotFound
-from agent_core.models import Gate, RunStatus
+from agent_core.models import Gate, Run, RunStatus
 
 from . import cards
 from .context import BotContext
@@ -245,23 +245,34 @@ class Commands:
         card = cards.status_message(runs, pending, self.command)
         await _reply(respond, card.text, card.blocks or None)
 
+    async def _run_for(
+        self, user_id: str, run_id: str, respond: Any, verb: str, *, external: bool
+    ) -> Run | None:
+        """The run, if ``user_id`` may ``verb`` it (its requester or an approver); otherwise
+        None, and the person has been told why."""
+        shown = cards.clip_escaped(run_id, 100)
+        run = await self.ctx.gateway.get_run(run_id)
+        if run is None:
+            await _reply(
+                respond, f"There is no run `{shown}`. `{self.command} status` lists yours."
+            )
+            return None
+        if user_id != run.requested_by and not await self.ctx.approvers.is_approver(
+            user_id, external=external
+        ):
+            await _reply(
+                respond, f"Only the person who started this run or an approver can {verb} it."
+            )
+            return None
+        return run
+
     async def cancel(
         self, user_id: str, run_id: str, respond: Any, *, external: bool = True
     ) -> None:
         ctx = self.ctx
         shown = cards.clip_escaped(run_id, 100)
-        run = await ctx.gateway.get_run(run_id)
+        run = await self._run_for(user_id, run_id, respond, "cancel", external=external)
         if run is None:
-            await _reply(
-                respond, f"There is no run `{shown}`. `{self.command} status` lists yours."
-            )
-            return
-        if user_id != run.requested_by and not await ctx.approvers.is_approver(
-            user_id, external=external
-        ):
-            await _reply(
-                respond, "Only the person who started this run or an approver can cancel it."
-            )
             return
         gates = await ctx.gateway.pending_gates(run.run_id)
         try:
@@ -292,18 +303,8 @@ class Commands:
         is who may cancel it, its requester or an approver."""
         ctx = self.ctx
         shown = cards.clip_escaped(run_id, 100)
-        run = await ctx.gateway.get_run(run_id)
+        run = await self._run_for(user_id, run_id, respond, "retry", external=external)
         if run is None:
-            await _reply(
-                respond, f"There is no run `{shown}`. `{self.command} status` lists yours."
-            )
-            return
-        if user_id != run.requested_by and not await ctx.approvers.is_approver(
-            user_id, external=external
-        ):
-            await _reply(
-                respond, "Only the person who started this run or an approver can retry it."
-            )
             return
         try:
             await ctx.gateway.retry_run(run.run_id, by=user_id)
