@@ -17,7 +17,7 @@ RUN_REDIS_URL  := redis://127.0.0.1:$(RUN_REDIS_PORT)/0
 # Exit 0 when a Redis answers PING on the run port (redis-cli may be absent: use redis-py).
 RUN_REDIS_PING := $(VPY) -c "import redis,sys; sys.exit(0 if redis.Redis(host='127.0.0.1', port=$(RUN_REDIS_PORT), socket_connect_timeout=0.5).ping() else 1)" >/dev/null 2>&1
 
-.PHONY: install .venv redis-check test run stop-redis lint format bench soak clean distclean
+.PHONY: install .venv redis-check chromium-check test run stop-redis lint format bench soak clean distclean
 
 # ------------------------------------------------------------------------ environment
 $(VPY):
@@ -25,7 +25,7 @@ $(VPY):
 
 # Reinstall only when pyproject.toml changed (or a package's __init__.py appeared: the
 # editable install maps the packages that existed when it ran).
-$(STAMP): pyproject.toml $(wildcard agent_core/__init__.py bot/__init__.py) | $(VPY)
+$(STAMP): pyproject.toml $(wildcard agent_core/__init__.py bot/__init__.py playground/__init__.py) | $(VPY)
 	$(VPY) -m pip install -q -e '.[dev]'
 	@touch $@
 
@@ -45,9 +45,23 @@ redis-check:
 	  fi; \
 	fi
 
+# The playground's browser tests drive Debian's Chromium (never a browser Playwright downloads).
+CHROMIUM ?= /usr/bin/chromium
+chromium-check:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	  if [ "$$(id -u)" = "0" ]; then \
+	    echo "$(CHROMIUM) not found: installing Debian's chromium"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || exit 1; \
+	    [ -x "$(CHROMIUM)" ] || { echo "$(CHROMIUM) still missing after apt-get install chromium" >&2; exit 1; }; \
+	  else \
+	    echo "Chromium is not installed: run \`sudo apt-get install chromium\` (Debian/Ubuntu), or set CHROMIUM=/path/to/chromium" >&2; \
+	    exit 1; \
+	  fi; \
+	fi
+
 # ------------------------------------------------------------------------ test & lint
 # Tests start a private redis-server on a free port, or use TEST_REDIS_URL when set.
-test: install redis-check
+test: install redis-check chromium-check
 	$(VPY) -m pytest -q --ignore=tests/bench --ignore=tests/soak $(PYTEST_ARGS)
 
 lint: install
@@ -60,7 +74,9 @@ format: install
 	$(VENV)/bin/ruff format .
 
 # Benchmarks (tests/bench, not part of `make test`): installs the `bench` extra (the peer
-# frameworks, py-spy), prints the tables and writes tests/bench/RESULTS.md. ~5 minutes.
+# frameworks, py-spy), prints the tables and writes tests/bench/RESULTS.md and SLACK_RESULTS.md.
+# About 10 minutes: 5 for tests.bench and 5 to 6 for tests.bench.slack_latency (plus the first
+# install of the extra).
 # BENCH_ARGS="--quick" for a smoke run, "--only pause" (or throughput, memory) for one part.
 BENCH_STAMP := $(VENV)/.bench-installed
 BENCH_ARGS  ?=
@@ -89,7 +105,9 @@ soak: install redis-check
 
 # ------------------------------------------------------------------------ run
 # Starts web + worker with honcho. Without REDIS_URL, starts (or reuses) a local append-only
-# redis-server on 127.0.0.1:$(RUN_REDIS_PORT); `make stop-redis` stops it.
+# redis-server on 127.0.0.1:$(RUN_REDIS_PORT); `make stop-redis` stops it. Without
+# SLACK_BOT_TOKEN, starts the local Slack playground instead (python -m playground: a fake
+# Slack in the browser, which starts web + worker pointed at itself).
 run: install redis-check
 	@set -e; \
 	if [ -z "$${REDIS_URL:-}" ]; then \
@@ -108,6 +126,10 @@ run: install redis-check
 	  export REDIS_URL="$(RUN_REDIS_URL)"; \
 	fi; \
 	export PATH="$(CURDIR)/$(VENV)/bin:$$PATH"; \
+	if [ -z "$${SLACK_BOT_TOKEN:-}" ]; then \
+	  echo "make run: SLACK_BOT_TOKEN is not set: starting the local Slack playground"; \
+	  exec $(VPY) -m playground; \
+	fi; \
 	exec $(VENV)/bin/honcho start -f Procfile
 
 # Stops only the redis-server that `make run` started (found by its pidfile).

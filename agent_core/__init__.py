@@ -1,5 +1,7 @@
 """agent_core: durable, Redis-backed human approval gates for OpenAI tool-calling agents."""
 
+from typing import TYPE_CHECKING, Any
+
 from .agent import Agent
 from .connections import create_redis
 from .events import EventConsumer
@@ -21,6 +23,9 @@ from .keys import Keys
 from .models import DecideResult, Decision, Event, EventType, Gate, GateStatus, Run, RunStatus
 from .settings import Settings
 from .tools import Tool, tool
+
+if TYPE_CHECKING:
+    from .worker import Worker, run_worker
 
 __all__ = [
     "Agent",
@@ -48,6 +53,18 @@ __all__ = [
     "ToolArgumentsError",
     "ToolDefinitionError",
     "ToolError",
+    "Worker",
     "create_redis",
+    "run_worker",
     "tool",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The worker is imported on first use: `python -m agent_core.worker` would otherwise
+    # find its own module already imported by the package (runpy warns about that).
+    if name in ("Worker", "run_worker"):
+        from . import worker
+
+        return getattr(worker, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

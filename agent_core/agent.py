@@ -97,16 +97,40 @@ class Agent:
 
 
 def load_agent(path: str) -> Agent:
-    """Import ``package.module:attribute`` and check that it is an :class:`Agent`."""
+    """Import ``package.module:attribute`` and check that it is an :class:`Agent`.
+
+    Every failure is one :class:`ConfigError` line naming AGENT and the module.
+    """
     module_name, _, attr = path.partition(":")
     try:
         obj: object = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise ConfigError(
+                f"AGENT is invalid: no module named {module_name!r} (AGENT={path}). The worker "
+                "and web processes import it, so it must be on their sys.path: a file or "
+                "package in the directory they start from (the repository root with "
+                "`make run`), in a directory listed in PYTHONPATH, or installed"
+            ) from None
+        raise ConfigError(_import_failed(module_name, exc)) from None
     except Exception as exc:
-        raise ConfigError(
-            f"AGENT is invalid: cannot import {path!r} ({type(exc).__name__}: {exc})"
-        ) from None
+        raise ConfigError(_import_failed(module_name, exc)) from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(
+                f"AGENT is invalid: module {module_name!r} has no attribute {attr!r} (AGENT={path})"
+            ) from None
     if not isinstance(obj, Agent):
         raise ConfigError(f"AGENT is invalid: {path!r} is a {type(obj).__name__}, not an Agent")
     return obj
+
+
+def _import_failed(module_name: str, exc: Exception) -> str:
+    detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    return (
+        f"AGENT is invalid: importing module {module_name!r} failed ({detail}); "
+        f"`python -c 'import {module_name}'` shows the traceback"
+    )

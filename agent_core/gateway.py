@@ -6,10 +6,12 @@ it writes to Redis and the workers pick the work up from the jobs stream.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from redis.asyncio import Redis
@@ -19,12 +21,26 @@ from .completions import clean_text
 from .events import EventConsumer
 from .exceptions import ArgsHashMismatch, GateNotFound, InvalidState, RunNotFound
 from .keys import Keys
-from .models import DecideResult, Decision, Gate, GateStatus, Run
+from .models import DecideResult, Decision, Gate, GateStatus, Run, RunStatus
 
 MAX_TASK_CHARS = 20_000
 MAX_REASON_CHARS = 2_000
 _GATE_ID = re.compile(r"^[A-Za-z0-9_-]{24}$")
 _RUN_ID = re.compile(r"^r-[a-z0-9]{12}$")
+
+
+# The states Gateway.wait can wait for: each is entered in the same script that publishes
+# its event, so a waiter reading the events stream cannot miss it.
+FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+WAITABLE = FINISHED | {RunStatus.AWAITING_APPROVAL}
+_ENTERED_BY = {
+    "gate.opened": RunStatus.AWAITING_APPROVAL,
+    "run.completed": RunStatus.COMPLETED,
+    "run.failed": RunStatus.FAILED,
+    "run.cancelled": RunStatus.CANCELLED,
+}
+# Longest single XREAD BLOCK of Gateway.wait: well under the client's socket timeout.
+_WAIT_BLOCK_MS = 1000
 
 
 def pairs(flat: list[str]) -> dict[str, str]:
@@ -142,6 +158,68 @@ class Gateway:
             return None
         h = await self.redis.hgetall(self.keys.run(run_id))
         return Run.from_hash(h) if h else None
+
+    async def wait(
+        self,
+        run_id: str,
+        until: RunStatus | str | Iterable[RunStatus | str] = FINISHED,
+        *,
+        timeout: float | None = None,
+    ) -> Run:
+        """Block until the run is in a state of ``until``, or finished; return it.
+
+        ``until`` is one status or several, among ``awaiting_approval``, ``completed``,
+        ``failed`` and ``cancelled`` (default: the three finished ones). A finished run also
+        ends the wait, since it goes nowhere else unless retried: check ``run.status``. A run
+        already there is returned at once. The Run is read after the transition, so a run
+        awaited for ``awaiting_approval`` may have moved on if a decision came in between.
+
+        Nothing polls: it reads the events stream with XREAD BLOCK from the position taken
+        before reading the run, so no transition is missed. Each waiting call holds one
+        connection of the client's pool. Raises :class:`TimeoutError` after ``timeout``
+        seconds (None: no limit) and :class:`RunNotFound` for an unknown (or purged) run.
+        """
+        targets = {RunStatus(until)} if isinstance(until, str) else {RunStatus(s) for s in until}
+        if not targets or not targets <= WAITABLE:
+            raise ValueError(
+                "until must name awaiting_approval, completed, failed or cancelled: those "
+                "are the states the events stream announces"
+            )
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        stream = self.keys.events()
+        # The stream position first, then the run: an event after it is read below.
+        last = await self.redis.xrevrange(stream, count=1)
+        position = last[0][0] if last else "0-0"
+        run = await self.get_run(run_id)
+        while True:
+            if run is None:
+                raise RunNotFound(f"no run {run_id!r}")
+            if run.status in targets or run.status.finished:
+                return run
+            block_ms = _WAIT_BLOCK_MS
+            if deadline is not None:
+                left = deadline - loop.time()
+                if left <= 0:
+                    wanted = ", ".join(sorted(s.value for s in targets))
+                    raise TimeoutError(
+                        f"run {run_id} is still {run.status.value} after {timeout} s "
+                        f"(waited for {wanted})"
+                    )
+                block_ms = max(1, min(block_ms, int(left * 1000)))
+            reply = await self.redis.xread({stream: position}, count=500, block=block_ms)
+            entered = False
+            for _stream, entries in reply or []:
+                for msg_id, fields in entries:
+                    position = msg_id
+                    status = _ENTERED_BY.get((fields or {}).get("type", ""))
+                    if status is not None and fields.get("run_id") == run_id:
+                        entered = entered or status in targets or status.finished
+            if entered:
+                run = await self.get_run(run_id)
+                if run is None:
+                    raise RunNotFound(f"no run {run_id!r}")
+                return run
 
     async def runs_for_user(self, user: str, limit: int = 20) -> list[Run]:
         """The user's runs, newest first."""

@@ -1,9 +1,10 @@
-"""The worker process: consumes start/resume jobs, advances runs, expires overdue gates.
+"""The worker: consumes start/resume jobs, advances runs, expires overdue gates.
 
-Run it with ``python -m agent_core.worker`` (or the ``agent-worker`` script). Any number of
-workers may run against one Redis: jobs are shared through a consumer group, a run is advanced
-by one worker at a time (a lease renewed while it works), and a dead worker's jobs are claimed
-by the others once idle for ``WORKER_LEASE`` seconds.
+Run it as a process with ``python -m agent_core.worker`` (or the ``agent-worker`` script), or
+inside your own program with :func:`run_worker`. Any number of workers may run against one
+Redis: jobs are shared through a consumer group, a run is advanced by one worker at a time (a
+lease renewed while it works), and a dead worker's jobs are claimed by the others once idle
+for ``WORKER_LEASE`` seconds.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import os
 import secrets
 import signal
 import socket
-import sys
 
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
@@ -28,7 +28,7 @@ from .exceptions import ConfigError, GateNotFound, LeaseLost
 from .gateway import Gateway, valid_run_id
 from .keys import Keys
 from .runner import Runner
-from .settings import Settings
+from .settings import Settings, exit_on_config_error, importable_from_cwd
 from .streams import StreamConsumer, StreamMessage
 from .trimmer import forget_dead_consumers, trim_events
 
@@ -44,7 +44,11 @@ def _flat(msg: StreamMessage) -> list[str]:
 
 
 class Worker:
-    """Consumes the jobs stream and sweeps expired gates until stopped."""
+    """Consumes the jobs stream and sweeps expired gates until stopped.
+
+    :func:`run_worker` builds one from settings; build it yourself to share a Redis client
+    or an OpenAI client. ``stop``, when given, stops it once set (as :meth:`stop` does).
+    """
 
     def __init__(
         self,
@@ -54,6 +58,7 @@ class Worker:
         settings: Settings,
         *,
         name: str | None = None,
+        stop: asyncio.Event | None = None,
     ) -> None:
         self.redis = redis
         self.agent = agent
@@ -95,7 +100,7 @@ class Worker:
         self._requeue = redis.register_script(scripts.REQUEUE_JOB)
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self._inflight: set[asyncio.Task[None]] = set()
-        self.stopping = asyncio.Event()
+        self.stopping = stop if stop is not None else asyncio.Event()
 
     async def run(self) -> None:
         """Serve until :meth:`stop`; in-flight jobs get a short grace period."""
@@ -123,6 +128,7 @@ class Worker:
                     t.cancel()
 
     def stop(self) -> None:
+        """Ask :meth:`run` to return (in-flight jobs get a short grace period)."""
         self.stopping.set()
 
     # --- jobs -------------------------------------------------------------------------
@@ -308,42 +314,67 @@ class Worker:
         return moved
 
 
-async def serve(settings: Settings) -> None:
-    """Start a worker with these settings and serve until SIGTERM or SIGINT."""
+async def run_worker(
+    settings: Settings | None = None,
+    *,
+    agent: Agent | None = None,
+    stop: asyncio.Event | None = None,
+    name: str | None = None,
+) -> None:
+    """Run a worker in this process until ``stop`` is set (or the task running it is cancelled).
+
+    ``settings`` default to :meth:`Settings.from_env` (with ``OPENAI_API_KEY`` required), and
+    ``agent`` to the one ``settings.agent`` names. The worker opens its own Redis and OpenAI
+    clients and closes them when it returns. It installs no signal handler. Raises
+    :class:`ConfigError` when the API key is missing, the agent cannot be imported or Redis
+    cannot be reached.
+    """
+    if settings is None:
+        settings = Settings.from_env(require_openai=True)
     settings.require_openai()
-    agent = load_agent(settings.agent)
+    if agent is None:
+        agent = load_agent(settings.agent)
     redis = create_redis(settings.redis_url)
     try:
-        await redis.ping()
-    except (RedisError, OSError) as exc:
-        raise ConfigError(
-            f"REDIS_URL: cannot reach Redis at {redacted(settings.redis_url)} ({type(exc).__name__})"
-        ) from None
-    assert settings.openai_api_key is not None
-    client = AsyncOpenAI(
-        api_key=settings.openai_api_key.get_secret_value(),
-        base_url=settings.openai_base_url,
-        max_retries=0,  # the runner retries, honouring every rate-limit hint (retries.py)
-        timeout=settings.openai_timeout,
-    )
-    worker = Worker(redis, agent, client, settings)
+        try:
+            await redis.ping()
+        except (RedisError, OSError) as exc:
+            raise ConfigError(
+                f"REDIS_URL: cannot reach Redis at {redacted(settings.redis_url)} "
+                f"({type(exc).__name__})"
+            ) from None
+        assert settings.openai_api_key is not None
+        client = AsyncOpenAI(
+            api_key=settings.openai_api_key.get_secret_value(),
+            base_url=settings.openai_base_url,
+            max_retries=0,  # the runner retries, honouring every rate-limit hint (retries.py)
+            timeout=settings.openai_timeout,
+        )
+        try:
+            await Worker(redis, agent, client, settings, name=name, stop=stop).run()
+        finally:
+            await client.close()
+    finally:
+        await redis.aclose()
+
+
+async def serve(settings: Settings) -> None:
+    """The worker process: :func:`run_worker` until SIGTERM or SIGINT."""
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.stop)
-    try:
-        await worker.run()
-    finally:
-        await client.close()
-        await redis.aclose()
+        loop.add_signal_handler(sig, stop.set)
+    await run_worker(settings, stop=stop)
 
 
 def main() -> None:
     """Entry point of ``python -m agent_core.worker``."""
+    importable_from_cwd()
     try:
-        settings = Settings.from_env()
+        settings = Settings.from_env(require_openai=True)
+        load_agent(settings.agent)  # an unimportable AGENT is a config error, reported now
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_on_config_error(exc)
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -352,8 +383,7 @@ def main() -> None:
     try:
         asyncio.run(serve(settings))
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_on_config_error(exc)
     except KeyboardInterrupt:
         pass
 

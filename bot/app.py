@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -35,6 +38,30 @@ def make_web_client(settings: BotSettings, timeout: int = 15) -> AsyncWebClient:
     )
 
 
+# Variables AsyncApp's constructor reads from the environment by itself. Everything it needs
+# comes from BotSettings instead: given SLACK_BOT_TOKEN from the environment as well as our
+# `client`, it would log "As you gave `client` as well, `token` will be unused", and with
+# SLACK_CLIENT_ID and SLACK_CLIENT_SECRET it would turn on its OAuth flow.
+_BOLT_READS = (
+    "SLACK_BOT_TOKEN",
+    "SLACK_SIGNING_SECRET",
+    "SLACK_VERIFICATION_TOKEN",
+    "SLACK_CLIENT_ID",
+    "SLACK_CLIENT_SECRET",
+)
+
+
+@contextlib.contextmanager
+def _unseen_by_bolt(names: tuple[str, ...]) -> Iterator[None]:
+    """Hide these variables from the environment for the (synchronous) block, then restore
+    them: the process's settings were read from them already."""
+    hidden = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(hidden)
+
+
 def create_app(
     settings: BotSettings,
     redis: aioredis.Redis,
@@ -50,14 +77,15 @@ def create_app(
     """
     ctx = context or BotContext.build(settings, redis, gateway, web_client)
     secret = settings.slack_signing_secret
-    app = AsyncApp(
-        client=web_client,
-        signing_secret=secret.get_secret_value() if secret is not None else "",
-        # Socket Mode requests are not signed; Bolt skips the check for them by itself.
-        request_verification_enabled=secret is not None,
-        process_before_response=False,
-        name="agent-approvals",
-    )
+    with _unseen_by_bolt(_BOLT_READS):
+        app = AsyncApp(
+            client=web_client,
+            signing_secret=secret.get_secret_value() if secret is not None else "",
+            # Socket Mode requests are not signed; Bolt skips the check for them by itself.
+            request_verification_enabled=secret is not None,
+            process_before_response=False,
+            name="agent-approvals",
+        )
     commands.register(app, ctx)
     quiet.register(app)
     actions.register(app, ctx)

@@ -351,7 +351,7 @@ def deny_modal(gate: Gate, private_metadata: str) -> dict[str, Any]:
                 "type": "input",
                 "block_id": REASON_BLOCK,
                 "optional": True,
-                "label": {"type": "plain_text", "text": "Reason (optional)"},
+                "label": {"type": "plain_text", "text": "Reason"},
                 "element": {
                     "type": "plain_text_input",
                     "action_id": REASON_ACTION,

@@ -9,7 +9,6 @@ import hmac
 import json
 import logging
 import signal
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -29,13 +28,14 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent_core import ConfigError, Gateway, Keys, Settings, create_redis
 from agent_core.agent import load_agent
 from agent_core.connections import redacted
+from agent_core.settings import exit_on_config_error, importable_from_cwd
 
 from .app import create_app, make_web_client
 from .context import BotContext
 from .notifier import Notifier
 from .ports import GatewayLike
 from .publisher import slack_error
-from .settings import BotSettings, load_settings
+from .settings import PLAYGROUND_HINT, BotSettings, load_settings
 
 log = logging.getLogger("bot")
 
@@ -433,12 +433,28 @@ async def serve(settings: BotSettings, core: Settings) -> None:
 
 def main() -> None:
     """Entry point of ``python -m bot`` (the Procfile's ``web``)."""
+    importable_from_cwd()
+    # Every problem at once: the core's settings, the Slack ones, then the agent.
+    problems: list[str] = []
+    core: Settings | None = None
+    settings: BotSettings | None = None
     try:
         core = Settings.from_env()
+    except ConfigError as exc:
+        problems += str(exc).splitlines()
+    try:
         settings = load_settings()
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        problems += str(exc).splitlines()
+    if core is not None:
+        try:
+            load_agent(core.agent)
+        except ConfigError as exc:
+            problems.append(str(exc))
+    if problems or core is None or settings is None:
+        # The playground hint, if any, stays last.
+        problems.sort(key=lambda line: line == PLAYGROUND_HINT)
+        exit_on_config_error(ConfigError("\n".join(problems)), notes={PLAYGROUND_HINT})
     logging.basicConfig(
         level=core.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -446,7 +462,6 @@ def main() -> None:
     try:
         asyncio.run(serve(settings, core))
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_on_config_error(exc, notes={PLAYGROUND_HINT})
     except KeyboardInterrupt:
         pass

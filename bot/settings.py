@@ -9,12 +9,49 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent_core.exceptions import ConfigError
+from agent_core.settings import config_problems
 
 _ID = re.compile(r"^[UWS][A-Z0-9]{2,}$")
+
+# What each variable is for and, for those you must set, where to get it (see
+# agent_core.settings.HELP); a ConfigError line never carries a value.
+HELP: dict[str, str] = {
+    "SLACK_BOT_TOKEN": "the bot token (xoxb-…) from your Slack app's OAuth & Permissions page",
+    "SLACK_SIGNING_SECRET": (
+        "the signing secret from your Slack app's Basic Information page, under App "
+        "Credentials (not needed in Socket Mode, with SLACK_APP_TOKEN)"
+    ),
+    "SLACK_APP_TOKEN": (
+        "the app-level token (xapp-…) for Socket Mode, from your Slack app's Basic "
+        "Information page, under App-Level Tokens"
+    ),
+    "SLACK_API_URL": "the Slack Web API base URL",
+    "APPROVERS": "who may approve: user IDs (U…), user-group IDs (S…) and/or *, comma-separated",
+    "ALLOW_SELF_APPROVAL": "whether a run's requester may approve its calls: true or false",
+    "ALLOW_EXTERNAL_APPROVERS": (
+        "whether, with APPROVERS=*, people of other workspaces may decide: true or false"
+    ),
+    "SLASH_COMMAND": "the slash command of your Slack app's manifest",
+    "PORT": "the HTTP port of the web process",
+    "SLACK_MAX_RETRIES": "the retries of a rate-limited Web API call, 0 to 10",
+}
+
+# The last line of a ConfigError in which a Slack credential is missing.
+PLAYGROUND_HINT = (
+    "No Slack workspace yet? Unset SLACK_BOT_TOKEN and run `make run`: it starts a local "
+    "Slack playground in your browser."
+)
+_CREDENTIALS = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET")
+
+
+def _not_set() -> PydanticCustomError:
+    # Reported as a missing variable (type "missing"), like one absent from the environment.
+    return PydanticCustomError("missing", "Field required")
 
 
 class BotSettings(BaseSettings):
@@ -23,8 +60,9 @@ class BotSettings(BaseSettings):
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore")
 
     slack_bot_token: SecretStr
-    slack_signing_secret: SecretStr | None = None
+    # Before the signing secret: its check reads whether Socket Mode is on.
     slack_app_token: SecretStr | None = None
+    slack_signing_secret: SecretStr | None = Field(default=None, validate_default=True)
     slack_api_url: str = "https://slack.com/api/"
     approvers: str = ""
     allow_self_approval: bool = False
@@ -37,6 +75,8 @@ class BotSettings(BaseSettings):
     @field_validator("slack_bot_token")
     @classmethod
     def _bot_token(cls, v: SecretStr) -> SecretStr:
+        if not v.get_secret_value():
+            raise _not_set()
         if not v.get_secret_value().startswith("xox"):
             raise ValueError("must be a bot token (xoxb-…)")
         return v
@@ -52,8 +92,13 @@ class BotSettings(BaseSettings):
 
     @field_validator("slack_signing_secret")
     @classmethod
-    def _secret(cls, v: SecretStr | None) -> SecretStr | None:
-        return v if v is not None and v.get_secret_value() else None
+    def _secret(cls, v: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        v = v if v is not None and v.get_secret_value() else None
+        # HTTP mode (no SLACK_APP_TOKEN) verifies every request with it. An invalid
+        # SLACK_APP_TOKEN (absent from info.data) is reported on its own.
+        if v is None and "slack_app_token" in info.data and info.data["slack_app_token"] is None:
+            raise _not_set()
+        return v
 
     @field_validator("slack_api_url")
     @classmethod
@@ -79,12 +124,6 @@ class BotSettings(BaseSettings):
             raise ValueError("must look like /agent")
         return v
 
-    @model_validator(mode="after")
-    def _mode(self) -> BotSettings:
-        if self.slack_app_token is None and self.slack_signing_secret is None:
-            raise ValueError("SLACK_SIGNING_SECRET is required in HTTP mode (no SLACK_APP_TOKEN)")
-        return self
-
     @property
     def socket_mode(self) -> bool:
         return self.slack_app_token is not None
@@ -98,19 +137,14 @@ def parse_approvers(spec: str) -> list[str]:
 def load_settings(**overrides: Any) -> BotSettings:
     """Read the environment (``overrides``, by variable name, win over it).
 
-    A problem becomes one :class:`ConfigError` naming the variable, never its value:
-    tokens and secrets must not reach logs.
+    Every missing or invalid variable is reported at once in one :class:`ConfigError`, one
+    line each naming the variable, never its value: tokens and secrets must not reach logs.
+    When a Slack credential is missing, a last line points at the local playground.
     """
     try:
         return BotSettings(**{k.lower(): v for k, v in overrides.items()})
     except ValidationError as exc:
-        err = exc.errors(include_url=False, include_input=False)[0]
-        loc = err.get("loc") or ()
-        name = str(loc[0]).upper() if loc else ""
-        msg = str(err.get("msg", "invalid"))
-        if err.get("type") == "missing":
-            raise ConfigError(f"{name} is not set") from None
-        msg = msg.removeprefix("Value error, ")
-        if name:
-            raise ConfigError(f"{name} is invalid: {msg}") from None
-        raise ConfigError(msg) from None
+        lines = config_problems(exc, HELP)
+        if any(line.startswith(f"{var} is not set") for var in _CREDENTIALS for line in lines):
+            lines.append(PLAYGROUND_HINT)
+        raise ConfigError("\n".join(lines)) from None

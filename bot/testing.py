@@ -19,8 +19,6 @@ payloads to the bot's ``/slack/events`` exactly as Slack does: form-encoded and 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import itertools
 import json
 import threading
@@ -33,6 +31,8 @@ from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
+
+from playground.wire import read_args, sign
 
 from .testing_api import MAX_BLOCKS_CHARS, SlackMessage, WebApiMethods
 from .testing_api import _blocks_problem as _blocks_problem  # tests/bot/test_cards.py
@@ -334,7 +334,7 @@ class FakeSlack(WebApiMethods):
 
     async def _handle_api(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
-        args = await _read_args(request)
+        args = await read_args(request)
         auth = request.headers.get("Authorization", "")
         token = auth[7:] if auth.lower().startswith("bearer ") else args.get("token")
         with self._lock:
@@ -442,35 +442,7 @@ class FakeSlack(WebApiMethods):
             self._calls.append(call)
 
 
-async def _read_args(request: web.Request) -> dict[str, Any]:
-    args: dict[str, Any] = dict(request.query)
-    ctype = request.headers.get("Content-Type", "")
-    if request.can_read_body:
-        if "application/json" in ctype:
-            try:
-                data = await request.json()
-                if isinstance(data, dict):
-                    args.update(data)
-            except (ValueError, json.JSONDecodeError):
-                args["_raw"] = await request.text()
-        else:
-            args.update(dict(await request.post()))
-    for key in ("blocks", "view", "attachments", "metadata"):
-        if isinstance(args.get(key), str):
-            try:
-                args[key] = json.loads(args[key])
-            except json.JSONDecodeError:
-                pass
-    return args
-
-
 # ---------------------------------------------------------------------------------- requests
-def sign(secret: str, timestamp: str, body: str) -> str:
-    """The ``X-Slack-Signature`` header Slack sends for ``body`` at ``timestamp``."""
-    base = f"v0:{timestamp}:{body}".encode()
-    return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
-
-
 @dataclass(frozen=True)
 class HttpResult:
     status: int

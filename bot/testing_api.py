@@ -16,21 +16,20 @@ Message metadata follows Slack: ``chat.postMessage`` (and ``chat.update``) take
 
 from __future__ import annotations
 
-import base64
 import itertools
-import json
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from slack_sdk.errors import SlackObjectFormationError
-from slack_sdk.models.blocks import Block
+from playground.wire import MAX_BLOCKS_CHARS, MAX_PAGE
+from playground.wire import blocks_problem as _blocks_problem
+from playground.wire import cursor as _cursor
+from playground.wire import cursor_offset as _cursor_offset
+from playground.wire import metadata_problem as _metadata_problem
+from playground.wire import truthy as _truthy
 
-# Slack has refused messages with about this many characters of blocks (msg_blocks_too_long).
-MAX_BLOCKS_CHARS = 13_000
-# Slack's own bound on a page of conversations.history / conversations.replies.
-MAX_PAGE = 999
+__all__ = ["MAX_BLOCKS_CHARS", "MAX_PAGE", "SlackMessage", "WebApiMethods"]
 APP_ID = "A0APP"
 BOT_ID = "B0BOT"
 
@@ -256,10 +255,6 @@ class WebApiMethods:
         return {"ok": True, "users": users}
 
 
-def _truthy(v: Any) -> bool:
-    return v is True or str(v).lower() in ("1", "true")
-
-
 def _in_range(args: dict[str, Any], found: list[SlackMessage]) -> list[SlackMessage]:
     """``oldest`` < ts < ``latest`` (``<=`` with ``inclusive``), as Slack filters."""
     inclusive = _truthy(args.get("inclusive"))
@@ -276,48 +271,3 @@ def _in_range(args: dict[str, Any], found: list[SlackMessage]) -> list[SlackMess
         return oldest < ts < latest
 
     return [m for m in found if keep(m)]
-
-
-def _cursor(offset: int) -> str:
-    return base64.urlsafe_b64encode(f"next:{offset}".encode()).decode()
-
-
-def _cursor_offset(cursor: str) -> int:
-    if not cursor:
-        return 0
-    try:
-        raw = base64.urlsafe_b64decode(cursor.encode()).decode()
-    except (ValueError, UnicodeDecodeError):
-        raise ValueError("invalid cursor") from None
-    if not raw.startswith("next:"):
-        raise ValueError("invalid cursor")
-    return int(raw[5:])
-
-
-def _metadata_problem(metadata: Any) -> bool:
-    """Whether Slack would refuse ``metadata`` (it needs event_type and an event_payload)."""
-    return not (
-        isinstance(metadata, dict)
-        and isinstance(metadata.get("event_type"), str)
-        and metadata["event_type"]
-        and isinstance(metadata.get("event_payload"), dict)
-    )
-
-
-def _blocks_problem(
-    blocks: Any, max_blocks: int, chars_limit: int | None = MAX_BLOCKS_CHARS
-) -> str | None:
-    """``None`` when Slack would accept these blocks, else the error Slack would give."""
-    if not isinstance(blocks, list) or len(blocks) > max_blocks:
-        return "invalid_blocks"
-    if chars_limit is not None and len(json.dumps(blocks, ensure_ascii=False)) > chars_limit:
-        return "msg_blocks_too_long"
-    try:
-        for b in blocks:
-            parsed = Block.parse(b)
-            if parsed is None or type(parsed) is Block:
-                return "invalid_blocks"
-            parsed.validate_json()
-    except (SlackObjectFormationError, KeyError, TypeError, ValueError):
-        return "invalid_blocks"
-    return None

@@ -16,6 +16,7 @@ import pytest
 from agent_core.testing import (
     SERVERS,
     FakeOpenAI,
+    Step,
     call,
     calls,
     filtered,
@@ -159,6 +160,83 @@ async def test_failing_expect_is_recorded() -> None:
                 )
         assert len(fake.errors) == 1
         assert "wanted a tool result" in fake.errors[0]
+
+
+async def test_responder_answers_what_no_script_covers() -> None:
+    seen: list[tuple[list[dict[str, Any]], list[dict[str, Any]] | None]] = []
+
+    def respond(
+        messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None
+    ) -> Step:
+        seen.append((messages, tools))
+        messages.append({"role": "user", "content": "mutated"})  # a copy: the record is intact
+        if tool_messages(messages):
+            return reply(f"saw {tool_messages(messages)[0]['content']}")
+        return call("delete_user", {"user_id": 42}, id="abcDEF123")
+
+    def plain(messages: list[dict[str, Any]]) -> Step:
+        return reply(f"{len(messages)} message(s)")
+
+    with FakeOpenAI(server="mistral", responder=respond) as fake:
+        fake.script("scripted", [reply("from the script")])
+        history: list[Any] = [{"role": "user", "content": "anything"}]
+        async with client_for(fake) as client:
+            first = await client.chat.completions.create(model="m", messages=history, tools=TOOLS)
+            (tc,) = first.choices[0].message.tool_calls or []
+            assert (tc.id, tc.function.name, first.choices[0].finish_reason) == (
+                "abcDEF123",
+                "delete_user",
+                "tool_calls",
+            )
+            history += [
+                first.choices[0].message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": "abcDEF123", "content": "deleted"},
+            ]
+            second = await client.chat.completions.create(model="m", messages=history)
+            assert second.choices[0].message.content == "saw deleted"
+            scripted = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "scripted"}]
+            )
+            assert scripted.choices[0].message.content == "from the script"  # scripts first
+            # Tools given only to a responder that asks for them; [] when the request has none.
+            assert [t for _, t in seen] == [TOOLS, []]
+            assert fake.requests[0]["messages"] == [{"role": "user", "content": "anything"}]
+
+            fake.respond_with(plain)
+            other = await client.chat.completions.create(model="m", messages=history)
+            assert other.choices[0].message.content == "3 message(s)"
+            fake.respond_with(None)
+            with pytest.raises(openai.InternalServerError, match="no script for task"):
+                await client.chat.completions.create(model="m", messages=history)
+            fake.reset()  # back to the constructor's responder
+            again = await client.chat.completions.create(model="m", messages=history)
+            assert again.choices[0].message.content == "saw deleted"
+        assert fake.errors == []
+
+
+async def test_a_failing_responder_is_an_error_and_recorded() -> None:
+    def broken(messages: list[dict[str, Any]]) -> Step:
+        raise KeyError("no idea")
+
+    def wrong(messages: list[dict[str, Any]]) -> Step:
+        return "not a step"  # type: ignore[return-value]
+
+    with FakeOpenAI(responder=broken) as fake:
+        async with client_for(fake, max_retries=2) as client:
+            with pytest.raises(openai.InternalServerError, match="raised KeyError"):
+                await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "t"}]
+                )
+            fake.respond_with(wrong)
+            with pytest.raises(openai.InternalServerError, match="not a Step"):
+                await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "t"}]
+                )
+        assert len(fake.requests) == 2  # not retried
+        assert len(fake.errors) == 2
+        assert "task 't' (responder): raised KeyError('no idea')" in fake.errors[0]
+        assert "Traceback" in fake.errors[0]
+        assert "returned 'not a step', not a Step" in fake.errors[1]
 
 
 async def test_dangling_tool_call_id_is_a_400_like_the_real_api() -> None:

@@ -24,6 +24,8 @@ NEEDED = {
     "EventType",
     "DecideResult",
     "Keys",
+    "Worker",
+    "run_worker",
 }
 
 EXCEPTIONS = sorted(
@@ -56,6 +58,17 @@ def test_all_exports_every_exception() -> None:
     assert set(EXCEPTIONS) - set(agent_core.__all__) == set()
     for name in EXCEPTIONS:
         assert getattr(agent_core, name) is getattr(exceptions, name)
+
+
+def test_python_m_worker_imports_no_worker_module_twice() -> None:
+    """`Worker` and `run_worker` are loaded lazily: `python -m agent_core.worker` would
+    otherwise find agent_core.worker imported by the package, and runpy warns about that."""
+    import subprocess
+    import sys
+
+    probe = "import sys, agent_core; print('agent_core.worker' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_star_import_gives_the_public_api() -> None:

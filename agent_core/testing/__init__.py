@@ -21,6 +21,17 @@ Anything unexpected (no script for the task, more turns than steps, a failing ``
 malformed conversation) is answered with an OpenAI-format error and recorded in
 :attr:`FakeOpenAI.errors`; a test fixture should fail the test when that list is not empty.
 
+A :data:`Responder` answers what no script covers, computing each step from the request
+(``FakeOpenAI(responder=fn)`` or :meth:`FakeOpenAI.respond_with`)::
+
+    def respond(messages: list[dict]) -> Step:
+        return reply(f"you said {messages[-1]['content']}")
+
+It gets a copy of the request's ``messages`` (and its ``tools`` list, when it takes a
+``tools`` keyword) and returns a :class:`Step`; one that raises or returns anything else is
+answered with an error and recorded in :attr:`FakeOpenAI.errors`. The playground's scripted
+model (``playground/model.py``) is one.
+
 Server profiles: ``FakeOpenAI(server="mistral")`` behaves like that server (see
 :data:`SERVERS`). It enforces the request rules the real server documents or is known (from
 public issues) to enforce on what the client sends, answering the status and error body the
@@ -31,7 +42,7 @@ it. ``quirks`` turns on version-specific oddities (:data:`QUIRKS`); ``upstream``
 (LiteLLM, OpenRouter) in front of another server, whose rules then apply.
 """
 
-from agent_core.testing.fake import FakeOpenAI
+from agent_core.testing.fake import FakeOpenAI, Responder
 from agent_core.testing.servers import QUIRKS, SERVERS, ServerName, Violation
 from agent_core.testing.steps import (
     Expect,
@@ -50,6 +61,7 @@ __all__ = [
     "SERVERS",
     "Expect",
     "FakeOpenAI",
+    "Responder",
     "ServerName",
     "Step",
     "ToolCallSpec",

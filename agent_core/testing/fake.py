@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import inspect
 import threading
 import time
 import traceback
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -30,6 +33,23 @@ from agent_core.testing.steps import (
     _task_of,
 )
 
+Responder = Callable[[list[dict[str, Any]]], Step]
+"""Answers a request no script matches: called with its ``messages``, returns a :class:`Step`.
+
+A responder that also takes a ``tools`` keyword (give it a default, e.g. ``tools=None``) is
+given the request's ``tools`` list (``[]`` when the request has none)."""
+
+
+def _wants_tools(responder: Responder) -> bool:
+    try:
+        params = inspect.signature(responder).parameters
+    except (TypeError, ValueError):
+        return False
+    tools = params.get("tools")
+    if tools is not None and tools.kind in (tools.POSITIONAL_OR_KEYWORD, tools.KEYWORD_ONLY):
+        return True
+    return any(p.kind is p.VAR_KEYWORD for p in params.values())
+
 
 class FakeOpenAI:
     """A scripted, OpenAI-compatible Chat Completions server on 127.0.0.1.
@@ -49,6 +69,13 @@ class FakeOpenAI:
     server behind a relay (``"litellm"``, ``"openrouter"``; default ``"openai"``), whose rules
     and tool-call ids apply and whose refusals come back in the relay's error shape;
     ``quirks`` the version-specific oddities to reproduce (:data:`QUIRKS`).
+
+    ``responder`` (or :meth:`respond_with`) answers the requests no script matches: it is
+    called with the request's ``messages`` and its :class:`Step` is answered like a scripted
+    one. Without it such a request is an error.
+
+    ``keep_requests`` bounds :attr:`requests` to the latest N (a long-lived server, such as the
+    playground's model, would otherwise keep every conversation it was sent).
     """
 
     def __init__(
@@ -62,6 +89,8 @@ class FakeOpenAI:
         server: ServerName = "openai",
         upstream: ServerName | None = None,
         quirks: Collection[str] = (),
+        responder: Responder | None = None,
+        keep_requests: int | None = None,
     ) -> None:
         if server not in SERVERS:
             raise ValueError(f"unknown server {server!r}; known: {', '.join(SERVERS)}")
@@ -80,7 +109,9 @@ class FakeOpenAI:
         self._requested_port = port
         self._lock = threading.Lock()
         self._scripts: dict[str, list[Step]] = {}
-        self._requests: list[dict[str, Any]] = []
+        self._default_responder = responder
+        self._responder = responder
+        self._requests: deque[dict[str, Any]] = deque(maxlen=keep_requests)
         self._errors: list[str] = []
         self._limited: tuple[float, str | None] | None = None
         self._pending_failures: list[tuple[int, float | None, dict[str, Any] | None]] = []
@@ -201,6 +232,12 @@ class FakeOpenAI:
         with self._lock:
             self._scripts[task] = steps
 
+    def respond_with(self, responder: Responder | None) -> None:
+        """Answer the requests that no script matches with ``responder`` (see
+        :data:`Responder`); ``None`` makes them errors again. Scripts still come first."""
+        with self._lock:
+            self._responder = responder
+
     def fail_next(self, n: int = 1, status: int = 500, retry_after: float | None = None) -> None:
         """Answer the next ``n`` chat requests with HTTP ``status`` (an OpenAI error body).
 
@@ -240,9 +277,11 @@ class FakeOpenAI:
             self._pending_failures.extend([(200, None, {"error": dict(error)})] * n)
 
     def reset(self) -> None:
-        """Forget scripts, recorded requests, errors and pending or served failures."""
+        """Forget scripts, recorded requests, errors and pending or served failures; the
+        responder is the constructor's again."""
         with self._lock:
             self._scripts.clear()
+            self._responder = self._default_responder
             self._requests.clear()
             self._errors.clear()
             self._pending_failures.clear()
@@ -367,35 +406,55 @@ class FakeOpenAI:
             return refused
 
         task = _task_of(body)
-        if task is None:
-            return self._unexpected("request has no user message")
         with self._lock:
-            steps = self._scripts.get(task)
-        if steps is None:
+            steps = self._scripts.get(task) if task is not None else None
+            responder = self._responder
+        if steps is not None:
+            index = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+            if index >= len(steps):
+                return self._unexpected(
+                    f"task {task!r}: request with {index} assistant message(s) but the script "
+                    f"has only {len(steps)} step(s)"
+                )
+            step, where = steps[index], f"task {task!r} step {index}"
+        elif responder is not None:
+            where = f"task {task!r} (responder)"
+            try:
+                answer = self._respond(responder, messages, body)
+            except Exception as exc:
+                return self._unexpected(f"{where}: raised {exc!r}\n" + traceback.format_exc())
+            if not isinstance(answer, Step):
+                return self._unexpected(f"{where}: returned {answer!r}, not a Step")
+            step = answer
+        elif task is None:
+            return self._unexpected("request has no user message")
+        else:
             return self._unexpected(f"no script for task {task!r}")
-        index = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
-        if index >= len(steps):
-            return self._unexpected(
-                f"task {task!r}: request with {index} assistant message(s) but the script "
-                f"has only {len(steps)} step(s)"
-            )
-        step = steps[index]
         if step.expect is not None:
             try:
                 step.expect(messages)
             except AssertionError as exc:
                 return self._unexpected(
-                    f"task {task!r} step {index}: expect failed: {exc or 'AssertionError'}\n"
-                    + traceback.format_exc()
+                    f"{where}: expect failed: {exc or 'AssertionError'}\n" + traceback.format_exc()
                 )
             except Exception as exc:
                 return self._unexpected(
-                    f"task {task!r} step {index}: expect raised {exc!r}\n" + traceback.format_exc()
+                    f"{where}: expect raised {exc!r}\n" + traceback.format_exc()
                 )
         if step.raw is not None:
             status, ctype, text = step.raw
             return web.Response(status=status, content_type=ctype, text=text)
         return web.json_response(self._completion(body, step))
+
+    @staticmethod
+    def _respond(responder: Responder, messages: list[Any], body: Mapping[str, Any]) -> object:
+        """The responder's answer, given a copy of the messages (and the tools if it asks)."""
+        messages = copy.deepcopy(messages)
+        if _wants_tools(responder):
+            tools = body.get("tools")
+            fn: Callable[..., object] = responder
+            return fn(messages, tools=copy.deepcopy(tools) if isinstance(tools, list) else [])
+        return responder(messages)
 
     def _refusal(self, messages: list[Any], body: Mapping[str, Any]) -> web.Response | None:
         """The server's refusal when the request breaks one of its rules, else None."""

@@ -98,3 +98,4 @@ async def test_web_process_serves_slack(
     output = log.read_text()
     assert fake_slack.token not in output and SIGNING_SECRET not in output, "no secrets in logs"
     assert "web ready" in output
+    assert "will be unused" not in output, "Bolt read SLACK_BOT_TOKEN from the environment"

@@ -1,4 +1,4 @@
-"""Configuration: a missing or invalid setting stops the process with one line naming it.
+"""Configuration: every missing or invalid setting stops the process, one line each naming it.
 
 The worker tests run ``python -m agent_core.worker`` for real, with nothing in its environment
 but ``PATH``, ``HOME`` and the variables under test, all at once so the module stays fast.
@@ -55,7 +55,35 @@ def test_aliases_cover_the_documented_variables() -> None:
 def test_redis_url_missing() -> None:
     with pytest.raises(ConfigError) as info:
         Settings.from_env()
-    assert str(info.value) == "REDIS_URL is not set"
+    assert str(info.value) == (
+        "REDIS_URL is not set: the Redis every process shares, e.g. redis://127.0.0.1:6379/0 "
+        "(or rediss://, unix://); `make run` starts a local one when REDIS_URL is unset"
+    )
+
+
+def test_every_problem_at_once_one_line_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("APPROVAL_TIMEOUT", SECRET)
+    monkeypatch.setenv("WORKER_LEASE", "0.1")
+    monkeypatch.setenv("OPENAI_API_KEY", "")  # empty counts as not set
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env(require_openai=True)
+    lines = str(info.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "REDIS_URL is not set",
+        "OPENAI_API_KEY is not set",
+        "APPROVAL_TIMEOUT is invalid",
+        "WORKER_LEASE is invalid",
+    ]
+    assert "platform.openai.com/api-keys" in lines[1] and "Ollama" in lines[1]
+    assert lines[3].endswith("— the seconds a worker's lease on a run lasts, at least 0.5")
+    assert SECRET not in str(info.value)
+
+
+def test_the_worker_requires_the_api_key_even_as_an_empty_override() -> None:
+    with pytest.raises(ConfigError, match=r"^OPENAI_API_KEY is not set: "):
+        Settings.from_env(require_openai=True, REDIS_URL="redis://h:6379/0", OPENAI_API_KEY="")
+    s = Settings.from_env(require_openai=True, REDIS_URL="redis://h:6379/0", OPENAI_API_KEY="k")
+    assert isinstance(s, Settings) and s.openai_api_key is not None
 
 
 def test_config_error_is_a_gateway_error() -> None:
@@ -157,8 +185,36 @@ def test_unimportable_agent_names_agent() -> None:
     with pytest.raises(ConfigError) as info:
         load_agent("nope.mod:x")
     message = str(info.value)
-    assert message.startswith("AGENT is invalid")
-    assert "nope.mod:x" in message
+    assert message.startswith("AGENT is invalid: no module named 'nope.mod' (AGENT=nope.mod:x)")
+    assert "sys.path" in message and "PYTHONPATH" in message
+    assert "\n" not in message
+
+
+def test_an_agent_module_that_fails_to_import_names_agent_and_the_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "broken_agents.py").write_text("import no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        load_agent("broken_agents:agent")
+    message = str(info.value)
+    assert message.startswith(
+        "AGENT is invalid: importing module 'broken_agents' failed (ModuleNotFoundError: "
+        "No module named 'no_such_dependency')"
+    ), message
+    assert "python -c 'import broken_agents'" in message
+    assert "\n" not in message
+
+
+def test_an_agent_module_in_the_working_directory_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``make run`` relies on: a module next to where the process starts."""
+    (tmp_path / "cwd_agents.py").write_text(
+        "from agent_core import Agent\nagent = Agent(name='cwd', instructions='hi')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert load_agent("cwd_agents:agent").name == "cwd"
 
 
 def test_missing_agent_attribute_names_agent() -> None:
@@ -211,7 +267,7 @@ def worker_exits(redis_server: RedisServer | ExternalRedis) -> Iterator[dict[str
     """Start every misconfigured worker at once; their exits, by case name."""
     redis_url = redis_server.url
     cases: dict[str, dict[str, str]] = {
-        "redis_url_unset": {},
+        "nothing_set": {},
         "openai_key_unset": {"REDIS_URL": redis_url},
         # The two invalid settings run with a real-looking key that must never be printed.
         "approval_timeout_abc": {
@@ -223,6 +279,12 @@ def worker_exits(redis_server: RedisServer | ExternalRedis) -> Iterator[dict[str
             "REDIS_URL": redis_url,
             "OPENAI_API_KEY": SECRET,
             "AGENT": "nope.mod:x",
+        },
+        # A module in the working directory is found, as with `make run` from the repo root.
+        "agent_in_cwd": {
+            "REDIS_URL": redis_url,
+            "OPENAI_API_KEY": SECRET,
+            "AGENT": "tests.agents:not_an_agent_attribute",
         },
         "redis_unreachable": {
             "REDIS_URL": f"redis://admin:{PASSWORD}@127.0.0.1:{closed_port()}/0",
@@ -266,10 +328,10 @@ def one_line(result: Exit) -> str:
 @pytest.mark.parametrize(
     ("case", "variable", "expected"),
     [
-        ("redis_url_unset", "REDIS_URL", "REDIS_URL is not set"),
         ("openai_key_unset", "OPENAI_API_KEY", "OPENAI_API_KEY is not set"),
         ("approval_timeout_abc", "APPROVAL_TIMEOUT", "APPROVAL_TIMEOUT is invalid"),
-        ("agent_unimportable", "AGENT", "AGENT is invalid"),
+        ("agent_unimportable", "AGENT", "AGENT is invalid: no module named 'nope.mod'"),
+        ("agent_in_cwd", "AGENT", "has no attribute 'not_an_agent_attribute'"),
         ("redis_unreachable", "REDIS_URL", "REDIS_URL"),
     ],
 )
@@ -279,6 +341,17 @@ def test_worker_stops_with_one_line_naming_the_variable(
     line = one_line(worker_exits[case])
     assert variable in line
     assert expected in line
+
+
+def test_worker_reports_every_missing_variable_at_once(worker_exits: dict[str, Exit]) -> None:
+    result = worker_exits["nothing_set"]
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert [line.split(":")[:2] for line in lines] == [
+        ["config error", " REDIS_URL is not set"],
+        ["config error", " OPENAI_API_KEY is not set"],
+    ]
 
 
 def test_worker_does_not_echo_an_invalid_value(worker_exits: dict[str, Exit]) -> None:

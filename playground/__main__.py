@@ -1,0 +1,3 @@
+from playground.launcher import main
+
+main()

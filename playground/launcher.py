@@ -1,0 +1,253 @@
+"""``python -m playground``: the playground, then ``web`` and ``worker`` pointed at it.
+
+Settings (read here, at the edge): REDIS_URL (required; ``make run`` starts a local Redis),
+PLAYGROUND_PORT (the page and the fake Web API, default 3100), PORT (the bot's, default
+3000), APPROVERS (default: Avery and the @oncall group), SLASH_COMMAND, and the model:
+OPENAI_API_KEY or OPENAI_BASE_URL for a real one, else the scripted model
+(PLAYGROUND_MODEL=module:function for your own script).
+
+The bot and the worker run unchanged, as subprocesses: only their settings differ
+(SLACK_API_URL, a bot token and a signing secret made up for this session). Their output is
+forwarded with a prefix, like honcho's. Ctrl-C (or SIGTERM) stops all three; so does either
+subprocess exiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+
+from agent_core import create_redis
+from agent_core.connections import redacted
+from agent_core.exceptions import ConfigError
+
+from . import people
+from .outbound import Sender
+from .server import PageInfo, Playground, bot_events
+from .store import Store
+
+log = logging.getLogger("playground")
+
+MANIFEST = Path(__file__).resolve().parent.parent / "slack" / "manifest.yml"
+EXAMPLES = [
+    "/agent delete user 42",
+    "/agent look up user 43",
+    "/agent email alan@partner.org the full incident report",
+    "/agent delete users 42 and 43",
+    "/agent status",
+]
+
+
+@dataclass(frozen=True)
+class LaunchSettings:
+    redis_url: str
+    port: int
+    web_port: int
+    approvers: str
+    command: str
+    real_model: bool
+    model_spec: str | None
+    key_prefix: str = "agw"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> LaunchSettings:
+        problems: list[str] = []
+        redis_url = env.get("REDIS_URL", "")
+        if not redis_url:
+            problems.append(
+                "REDIS_URL is not set: the Redis the gateway and the playground keep their "
+                "state in (`make run` starts one for you)"
+            )
+
+        def port(name: str, default: int) -> int:
+            raw = env.get(name) or str(default)
+            if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+                problems.append(f"{name} is invalid: must be a TCP port (1-65535)")
+                return default
+            return int(raw)
+
+        pg_port, web_port = port("PLAYGROUND_PORT", 3100), port("PORT", 3000)
+        if pg_port == web_port:
+            problems.append("PLAYGROUND_PORT is invalid: it must differ from PORT (the bot's)")
+        if problems:
+            raise ConfigError("\n".join(problems))
+        return cls(
+            redis_url=redis_url,
+            port=pg_port,
+            web_port=web_port,
+            approvers=env.get("APPROVERS") or people.DEFAULT_APPROVERS,
+            command=env.get("SLASH_COMMAND") or "/agent",
+            real_model=bool(env.get("OPENAI_API_KEY") or env.get("OPENAI_BASE_URL")),
+            model_spec=env.get("PLAYGROUND_MODEL") or None,
+            key_prefix=env.get("KEY_PREFIX") or "agw",
+        )
+
+
+async def _pipe(name: str, stream: asyncio.StreamReader | None) -> None:
+    if stream is None:
+        return
+    while line := await stream.readline():
+        sys.stdout.write(f"{name:<10} | {line.decode(errors='replace')}")
+        sys.stdout.flush()
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(proc.wait(), 10)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+async def launch(settings: LaunchSettings) -> int:
+    """Run the playground and its two subprocesses until a signal or a subprocess exit."""
+    redis = create_redis(settings.redis_url)
+    try:
+        await redis.ping()
+    except Exception as exc:
+        await redis.aclose()
+        raise ConfigError(
+            f"REDIS_URL: cannot reach Redis at {redacted(settings.redis_url)} "
+            f"({type(exc).__name__})"
+        ) from None
+
+    env = dict(os.environ)
+    model = None
+    if settings.real_model:
+        label = "Real model: " + (env.get("OPENAI_MODEL") or "gpt-4o-mini")
+        where = urlsplit(env.get("OPENAI_BASE_URL") or "https://api.openai.com/v1")
+        hint = f"served by {where.hostname}" + (f":{where.port}" if where.port else "")
+    else:
+        from .model import API_KEY, hint_for, load_responder, start_model
+
+        model = start_model(load_responder(settings.model_spec))
+        env["OPENAI_BASE_URL"] = model.base_url
+        env["OPENAI_API_KEY"] = API_KEY
+        label = "Scripted model (no OPENAI_API_KEY set)"
+        hint = hint_for(settings.model_spec)
+
+    secret = secrets.token_hex(16)
+    token = "xoxb-playground-" + secrets.token_hex(12)
+    events_url = f"http://127.0.0.1:{settings.web_port}/slack/events"
+    manifest = MANIFEST.read_text() if MANIFEST.exists() else ""
+    info = PageInfo(
+        command=settings.command,
+        model_scripted=not settings.real_model,
+        model_label=label,
+        model_hint=hint,
+        examples=[e.replace("/agent", settings.command, 1) for e in EXAMPLES],
+        bot_events=bot_events(manifest),
+    )
+    pg = Playground(
+        Store(redis, f"{settings.key_prefix}:playground"), Sender(events_url, secret), token, info
+    )
+    runner = web.AppRunner(pg.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", settings.port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        await redis.aclose()
+        if model is not None:
+            model.stop()
+        raise ConfigError(
+            f"PLAYGROUND_PORT {settings.port} is not free ({exc.strerror}); set PLAYGROUND_PORT"
+        ) from None
+    base = f"http://127.0.0.1:{settings.port}"
+    pg.response_base = base
+
+    env.update(
+        SLACK_BOT_TOKEN=token,
+        SLACK_SIGNING_SECRET=secret,
+        SLACK_API_URL=base + "/api/",
+        APPROVERS=settings.approvers,
+        PORT=str(settings.web_port),
+        SLASH_COMMAND=settings.command,
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("SLACK_APP_TOKEN", None)  # the playground speaks HTTP, not Socket Mode
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    pipes = []
+    for name, module in (("web", "bot"), ("worker", "agent_core.worker")):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            module,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        procs[name] = proc
+        pipes.append(asyncio.create_task(_pipe(name, proc.stdout)))
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if await _wait_healthy(settings.web_port, procs["web"]):
+        print(
+            f"playground | open {base} in your browser: a local Slack with the real bot and "
+            f"worker ({'real model' if settings.real_model else 'scripted model'}; Ctrl-C stops)",
+            flush=True,
+        )
+    waits = [asyncio.create_task(p.wait()) for p in procs.values()]
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    for name, proc in procs.items():
+        if proc.returncode is not None and not stop.is_set():
+            print(f"playground | {name} exited with status {proc.returncode}; stopping", flush=True)
+            code = proc.returncode or 1
+    await asyncio.gather(*(_stop(p) for p in procs.values()))
+    for task in [*pipes, stopper, *waits]:
+        task.cancel()
+    await runner.cleanup()
+    await redis.aclose()
+    if model is not None:
+        model.stop()
+    return code
+
+
+async def _wait_healthy(port: int, web_proc: asyncio.subprocess.Process) -> bool:
+    """Wait (up to 30 s) until the bot answers /healthz; False if it exited first."""
+    url = f"http://127.0.0.1:{port}/healthz"
+    async with aiohttp.ClientSession() as session:
+        for _ in range(300):
+            if web_proc.returncode is not None:
+                return False
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                    if resp.status == 200:
+                        return True
+            await asyncio.sleep(0.1)
+    return False
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="playground | %(levelname)s %(message)s")
+    try:
+        settings = LaunchSettings.from_env(dict(os.environ))
+        code = asyncio.run(launch(settings))
+    except ConfigError as exc:
+        for line in str(exc).splitlines():
+            print(f"config error: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except KeyboardInterrupt:
+        code = 0
+    raise SystemExit(code)

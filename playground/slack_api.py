@@ -1,0 +1,387 @@
+"""The Slack Web API methods the bot calls, served by the playground in Slack's wire format.
+
+Each ``_api_<method>`` (``chat.postMessage`` is ``_api_chat_postMessage``) takes the call's
+arguments and returns the JSON body Slack would answer with; what changed is stored
+(:mod:`playground.store`) and published to the page (:mod:`playground.hub`). A refused call
+(``invalid_blocks``, ``expired_trigger_id``…) is also shown on the page, with the reason, as
+Slack would show it to the developer: the bot itself sees only the error code.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from . import people
+from .hub import Hub
+from .store import TRIGGER_USED, Message, Store
+from .wire import (
+    MAX_MESSAGE_BLOCKS,
+    MAX_PAGE,
+    MAX_VIEW_BLOCKS,
+    blocks_detail,
+    cursor,
+    cursor_offset,
+    metadata_problem,
+    truthy,
+)
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def _fail(error: str, detail: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {"ok": False, "error": error}
+    if detail:
+        out["_detail"] = detail  # stripped before answering; shown on the page
+    return out
+
+
+class WebApi:
+    """The Web API (see the module docstring)."""
+
+    def __init__(self, store: Store, hub: Hub, token: str) -> None:
+        self.store = store
+        self.hub = hub
+        self.token = token
+
+    async def call(self, method: str, args: dict[str, Any], token: str | None) -> dict[str, Any]:
+        """Answer one call; the body Slack would send (HTTP 200 in every case, as Slack)."""
+        if not token:
+            out = _fail("not_authed")
+        elif not secrets.compare_digest(token, self.token):
+            out = _fail("invalid_auth")
+        else:
+            handler: Handler | None = getattr(self, "_api_" + method.replace(".", "_"), None)
+            if handler is None:
+                out = _fail("unknown_method", f"the playground does not implement {method}")
+            else:
+                out = await handler(args)
+        detail = out.pop("_detail", "")
+        if not out.get("ok") and method != "auth.test":
+            text = f"{method} → {out.get('error')}" + (f": {detail}" if detail else "")
+            log.warning("Web API call refused: %s", text)
+            self.hub.publish("notice", {"level": "error", "text": text})
+        return out
+
+    # ------------------------------------------------------------------ presenting
+    async def present(self, msg: Message) -> dict[str, Any]:
+        """A message as the page shows it (see the UI API in :mod:`playground.server`)."""
+        count, latest = 0, None
+        users: list[str] = []
+        if not msg.is_reply and not msg.ephemeral_to:
+            count, users, latest = await self.store.reply_stats(msg.channel, msg.ts)
+        return {
+            "channel": msg.channel,
+            "ts": msg.ts,
+            "thread_ts": msg.thread_ts,
+            "user": msg.user,
+            "user_name": people.display_name(msg.user),
+            "bot": msg.bot_id is not None,
+            "text": msg.text,
+            "blocks": msg.blocks,
+            "reply_count": count,
+            "reply_users": users,
+            "latest_reply": latest,
+            "ephemeral": msg.ephemeral_to is not None,
+            "updated": msg.updated,
+        }
+
+    async def announce(self, msg: Message) -> None:
+        """Publish a new or changed message, and its thread's root (whose reply count moved)."""
+        self.hub.publish("message", await self.present(msg), to=msg.ephemeral_to)
+        if msg.is_reply and not msg.ephemeral_to and msg.thread_ts:
+            root = await self.store.get(msg.channel, msg.thread_ts)
+            if root is not None:
+                self.hub.publish("message", await self.present(root))
+
+    async def post(self, msg: Message) -> Message:
+        """Store a message given its content (ts assigned here) and publish it."""
+        msg.blocks = with_block_ids(msg.blocks)
+        msg.ts = await self.store.next_ts()
+        if msg.thread_ts is not None:
+            root = await self.store.get(msg.channel, msg.thread_ts)
+            # Replying to a reply lands in the same thread, as in Slack.
+            if root is not None and root.is_reply:
+                msg.thread_ts = root.thread_ts
+        await self.store.add(msg)
+        await self.announce(msg)
+        return msg
+
+    def wire(self, msg: Message, with_metadata: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "message", "text": msg.text, "ts": msg.ts}
+        if msg.user:
+            out["user"] = msg.user
+        if msg.bot_id:
+            out["bot_id"] = msg.bot_id
+            out["app_id"] = people.APP_ID
+        if msg.blocks:
+            out["blocks"] = msg.blocks
+        if msg.thread_ts:
+            out["thread_ts"] = msg.thread_ts
+        if msg.updated:
+            out["edited"] = {"user": msg.user, "ts": msg.ts}
+        if with_metadata and msg.metadata:
+            out["metadata"] = msg.metadata
+        return out
+
+    # ------------------------------------------------------------------ checks
+    def _content_problem(self, args: dict[str, Any]) -> dict[str, Any] | None:
+        channel = args.get("channel")
+        if channel != people.CHANNEL_ID:
+            return _fail("channel_not_found", f"no channel {str(channel)[:40]!r} here")
+        blocks = args.get("blocks")
+        if not args.get("text") and not blocks:
+            return _fail("no_text")
+        if "metadata" in args and metadata_problem(args["metadata"]):
+            return _fail("invalid_metadata_format")
+        if blocks is not None:
+            error, detail = blocks_detail(blocks, MAX_MESSAGE_BLOCKS)
+            if error:
+                return _fail(error, detail)
+        return None
+
+    # ------------------------------------------------------------------ methods
+    async def _api_auth_test(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "url": "http://playground.localhost/",
+            "team": people.TEAM_NAME,
+            "user": people.BOT_NAME,
+            "team_id": people.TEAM_ID,
+            "user_id": people.BOT_USER_ID,
+            "bot_id": people.BOT_ID,
+            "is_enterprise_install": False,
+        }
+
+    async def _api_chat_postMessage(self, args: dict[str, Any]) -> dict[str, Any]:
+        if (problem := self._content_problem(args)) is not None:
+            return problem
+        msg = await self.post(
+            Message(
+                channel=str(args["channel"]),
+                ts="",
+                text=str(args.get("text") or ""),
+                blocks=list(args.get("blocks") or []),
+                thread_ts=str(args["thread_ts"]) if args.get("thread_ts") else None,
+                user=people.BOT_USER_ID,
+                bot_id=people.BOT_ID,
+                metadata=args.get("metadata") or None,
+            )
+        )
+        return {"ok": True, "channel": msg.channel, "ts": msg.ts, "message": self.wire(msg, True)}
+
+    async def _api_chat_update(self, args: dict[str, Any]) -> dict[str, Any]:
+        if (problem := self._content_problem(args)) is not None:
+            return problem
+        msg = await self.store.get(str(args["channel"]), str(args.get("ts") or ""))
+        if msg is None or msg.ephemeral_to:
+            return _fail("message_not_found")
+        if msg.user != people.BOT_USER_ID:
+            return _fail("cant_update_message", "the bot can only update its own messages")
+        if "text" in args:
+            msg.text = str(args.get("text") or "")
+        if "blocks" in args:  # omitted keeps the old blocks; [] removes them
+            msg.blocks = with_block_ids(list(args.get("blocks") or []))
+        if "metadata" in args:
+            msg.metadata = args.get("metadata") or None
+        msg.updated += 1
+        await self.store.save(msg)
+        await self.announce(msg)
+        return {"ok": True, "channel": msg.channel, "ts": msg.ts, "text": msg.text}
+
+    async def _api_chat_postEphemeral(self, args: dict[str, Any]) -> dict[str, Any]:
+        if (problem := self._content_problem(args)) is not None:
+            return problem
+        user = str(args.get("user") or "")
+        if people.person(user) is None:
+            return _fail("user_not_in_channel")
+        msg = await self.post(
+            Message(
+                channel=str(args["channel"]),
+                ts="",
+                text=str(args.get("text") or ""),
+                blocks=list(args.get("blocks") or []),
+                thread_ts=str(args["thread_ts"]) if args.get("thread_ts") else None,
+                user=people.BOT_USER_ID,
+                bot_id=people.BOT_ID,
+                ephemeral_to=user,
+            )
+        )
+        return {"ok": True, "message_ts": msg.ts}
+
+    async def _api_chat_delete(self, args: dict[str, Any]) -> dict[str, Any]:
+        msg = await self.store.get(str(args.get("channel") or ""), str(args.get("ts") or ""))
+        if msg is None or msg.ephemeral_to:
+            return _fail("message_not_found")
+        if msg.user != people.BOT_USER_ID:
+            return _fail("cant_delete_message")
+        await self.store.delete(msg)
+        self.hub.publish("delete", {"channel": msg.channel, "ts": msg.ts})
+        return {"ok": True, "channel": msg.channel, "ts": msg.ts}
+
+    async def _page(
+        self, args: dict[str, Any], found: list[Message], default_limit: int
+    ) -> dict[str, Any]:
+        try:
+            limit = min(max(int(args.get("limit") or default_limit), 1), MAX_PAGE)
+            start = cursor_offset(str(args.get("cursor") or ""))
+        except ValueError:
+            return _fail("invalid_cursor")
+        with_metadata = truthy(args.get("include_all_metadata"))
+        page = found[start : start + limit]
+        more = start + limit < len(found)
+        messages = [self.wire(m, with_metadata) for m in page]
+        for wire, m in zip(messages, page, strict=True):
+            if not m.is_reply:
+                count, users, latest = await self.store.reply_stats(m.channel, m.ts)
+                if count:
+                    wire.update(
+                        thread_ts=m.ts, reply_count=count, reply_users=users, latest_reply=latest
+                    )
+        return {
+            "ok": True,
+            "messages": messages,
+            "has_more": more,
+            "response_metadata": {"next_cursor": cursor(start + limit) if more else ""},
+        }
+
+    def _range(self, args: dict[str, Any]) -> tuple[float, float, bool] | None:
+        try:
+            oldest = float(args.get("oldest") or 0)
+            latest = float(args.get("latest") or "inf")
+        except ValueError:
+            return None
+        if math.isnan(oldest) or math.isnan(latest):  # Redis refuses a NaN bound
+            return None
+        return oldest, latest, truthy(args.get("inclusive"))
+
+    async def _api_conversations_history(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Top-level messages, newest first (thread replies are not included)."""
+        if args.get("channel") != people.CHANNEL_ID:
+            return _fail("channel_not_found")
+        if (window := self._range(args)) is None:
+            return _fail("invalid_arguments", "oldest/latest must be timestamps")
+        oldest, latest, inclusive = window
+        found = await self.store.window(
+            people.CHANNEL_ID, None, oldest=oldest, latest=latest, inclusive=inclusive
+        )
+        found.sort(key=lambda m: float(m.ts), reverse=True)
+        return await self._page(args, found, default_limit=100)
+
+    async def _api_conversations_replies(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A thread: its parent first, then the replies in order."""
+        if args.get("channel") != people.CHANNEL_ID:
+            return _fail("channel_not_found")
+        if (window := self._range(args)) is None:
+            return _fail("invalid_arguments", "oldest/latest must be timestamps")
+        target = await self.store.get(people.CHANNEL_ID, str(args.get("ts") or ""))
+        if target is None or target.ephemeral_to:
+            return _fail("thread_not_found")
+        root_ts = target.thread_ts if target.is_reply and target.thread_ts else target.ts
+        parent = await self.store.get(people.CHANNEL_ID, root_ts)
+        oldest, latest, inclusive = window
+        replies = await self.store.window(
+            people.CHANNEL_ID, root_ts, oldest=oldest, latest=latest, inclusive=inclusive
+        )
+        replies.sort(key=lambda m: float(m.ts))
+        return await self._page(args, ([parent] if parent else []) + replies, default_limit=1000)
+
+    def view_problem(self, view: Any) -> dict[str, Any] | None:
+        if not isinstance(view, dict) or view.get("type") != "modal":
+            return _fail("invalid_arguments", "view must be a modal")
+        title = (view.get("title") or {}).get("text", "")
+        if not title or len(title) > 24:
+            return _fail("invalid_arguments", "view.title must be 1-24 characters")
+        if len(view.get("private_metadata") or "") > 3000:
+            return _fail("invalid_arguments", "private_metadata is over 3,000 characters")
+        if len(view.get("callback_id") or "") > 255:
+            return _fail("invalid_arguments", "callback_id is over 255 characters")
+        error, detail = blocks_detail(view.get("blocks") or [], MAX_VIEW_BLOCKS, None)
+        if error:
+            return _fail(error, detail)
+        return None
+
+    def full_view(self, view_id: str, view: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **view,
+            "id": view_id,
+            "team_id": people.TEAM_ID,
+            "app_id": people.APP_ID,
+            "bot_id": people.BOT_ID,
+            "hash": secrets.token_hex(8),
+            "state": {"values": {}},
+        }
+
+    async def _api_views_open(self, args: dict[str, Any]) -> dict[str, Any]:
+        if (problem := self.view_problem(args.get("view"))) is not None:
+            return problem  # checked first: a refused view does not use up the trigger
+        trigger = str(args.get("trigger_id") or "")
+        user = await self.store.exchange_trigger(trigger) if trigger else None
+        if user is None:
+            return _fail("expired_trigger_id", "a trigger_id works for 3 seconds, once")
+        if user == TRIGGER_USED:
+            return _fail("exchanged_trigger_id", "this trigger_id already opened a view")
+        view_id = "V" + secrets.token_hex(5).upper()
+        view = self.full_view(view_id, dict(args["view"]))
+        await self.store.save_view(view_id, user, view)
+        self.hub.publish("view", {"view_id": view_id, "view": view}, to=user)
+        return {"ok": True, "view": view}
+
+    async def _api_views_update(self, args: dict[str, Any]) -> dict[str, Any]:
+        view_id = str(args.get("view_id") or "")
+        found = await self.store.get_view(view_id) if view_id else None
+        if found is None:
+            return _fail("not_found", "no open view with that view_id")
+        if (problem := self.view_problem(args.get("view"))) is not None:
+            return problem
+        user, _old = found
+        view = self.full_view(view_id, dict(args["view"]))
+        await self.store.save_view(view_id, user, view)
+        self.hub.publish("view", {"view_id": view_id, "view": view}, to=user)
+        return {"ok": True, "view": view}
+
+    _api_views_push = _api_views_open
+
+    async def _api_usergroups_users_list(self, args: dict[str, Any]) -> dict[str, Any]:
+        group = people.USERGROUPS.get(str(args.get("usergroup") or ""))
+        if group is None:
+            return _fail("no_such_subteam")
+        return {"ok": True, "users": list(group[2])}
+
+    async def _api_users_info(self, args: dict[str, Any]) -> dict[str, Any]:
+        user = str(args.get("user") or "")
+        found = people.person(user)
+        if found is None and user != people.BOT_USER_ID:
+            return _fail("user_not_found")
+        name = people.display_name(user)
+        return {
+            "ok": True,
+            "user": {
+                "id": user,
+                "team_id": people.TEAM_ID,
+                "name": name.lower(),
+                "real_name": name,
+                "is_bot": found is None,
+                "profile": {
+                    "real_name": name,
+                    "display_name": name,
+                    "title": found.title if found else "",
+                },
+            },
+        }
+
+
+def with_block_ids(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The blocks with a ``block_id`` on each, as Slack stores them: it makes one up (a few
+    random characters) for a block sent without one."""
+    return [
+        b
+        if not isinstance(b, dict) or b.get("block_id")
+        else {**b, "block_id": secrets.token_urlsafe(4)[:5]}
+        for b in blocks
+    ]

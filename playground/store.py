@@ -1,0 +1,243 @@
+"""The playground's workspace state in Redis: messages, threads, ephemeral messages, modals.
+
+Everything lives under one key prefix (``playground:`` by default) in the gateway's Redis,
+so a restart of ``make run`` shows the same conversation. Messages are JSON in one hash,
+keyed ``channel:ts``; sorted sets (score = the ts) index a channel's top-level messages, each
+thread's replies, and the ephemeral messages each person was shown.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+# KEYS[1] = the last ts handed out. Returns a message ts from Redis' clock, in Slack's format
+# ("1764600000.000100"), strictly increasing even when two arrive in the same microsecond.
+NEXT_TS = """
+local t = redis.call('TIME')
+local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+if us <= last then us = last + 1 end
+redis.call('SET', KEYS[1], string.format('%d', us))
+return string.format('%d.%06d', math.floor(us / 1000000), us % 1000000)
+"""
+
+# KEYS[1] = a response URL's context (JSON with the uses "left"). Counts one use, atomically
+# (two concurrent posts must not both get the fifth); returns the context, or nil when used up.
+USE_RESPONSE_URL = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then return false end
+local data = cjson.decode(raw)
+if data['left'] <= 0 then return false end
+data['left'] = data['left'] - 1
+redis.call('SET', KEYS[1], cjson.encode(data), 'KEEPTTL')
+return raw
+"""
+
+TRIGGER_TTL_MS = 3000  # Slack: a trigger_id opens a modal within 3 seconds, once
+TRIGGER_USED = "-"  # what a trigger's key holds once exchanged for a view
+RESPONSE_URL_TTL_S = 1800  # Slack: a response_url works for 30 minutes, 5 times
+RESPONSE_URL_USES = 5
+
+
+@dataclass
+class Message:
+    """A message as the playground stores it."""
+
+    channel: str
+    ts: str
+    text: str = ""
+    blocks: list[dict[str, Any]] = field(default_factory=list)
+    thread_ts: str | None = None
+    user: str = ""
+    bot_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    updated: int = 0
+    # Set on an ephemeral message: the one person who sees it.
+    ephemeral_to: str | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.channel}:{self.ts}"
+
+    @property
+    def is_reply(self) -> bool:
+        return self.thread_ts is not None and self.thread_ts != self.ts
+
+    def dump(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False)
+
+    @classmethod
+    def load(cls, raw: str) -> Message:
+        return cls(**json.loads(raw))
+
+
+class Store:
+    """Reads and writes the playground's state (see the module docstring)."""
+
+    def __init__(self, redis: aioredis.Redis, prefix: str = "playground") -> None:
+        self.redis = redis
+        self.p = prefix
+        self._next_ts = redis.register_script(NEXT_TS)
+        self._use_response_url = redis.register_script(USE_RESPONSE_URL)
+
+    # ------------------------------------------------------------------ keys
+    def _msgs(self) -> str:
+        return f"{self.p}:msgs"
+
+    def _top(self, channel: str) -> str:
+        return f"{self.p}:top:{channel}"
+
+    def _thread(self, channel: str, root: str) -> str:
+        return f"{self.p}:thread:{channel}:{root}"
+
+    def _eph(self, channel: str, root: str | None, user: str) -> str:
+        return f"{self.p}:eph:{channel}:{root or '-'}:{user}"
+
+    # ------------------------------------------------------------------ messages
+    async def next_ts(self) -> str:
+        return str(await self._next_ts(keys=[f"{self.p}:last_ts"]))
+
+    async def add(self, msg: Message) -> None:
+        """Store a new message and index it (top level, thread, or one person's ephemerals)."""
+        score = float(msg.ts)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._msgs(), msg.key, msg.dump())
+            if msg.ephemeral_to:
+                root = msg.thread_ts if msg.is_reply else None
+                pipe.zadd(self._eph(msg.channel, root, msg.ephemeral_to), {msg.key: score})
+            elif msg.is_reply:
+                assert msg.thread_ts is not None
+                pipe.zadd(self._thread(msg.channel, msg.thread_ts), {msg.ts: score})
+            else:
+                pipe.zadd(self._top(msg.channel), {msg.ts: score})
+            await pipe.execute()
+
+    async def save(self, msg: Message) -> None:
+        """Write back a changed message (an update); its indexes do not change."""
+        await self.redis.hset(self._msgs(), msg.key, msg.dump())
+
+    async def get(self, channel: str, ts: str) -> Message | None:
+        raw = await self.redis.hget(self._msgs(), f"{channel}:{ts}")
+        return Message.load(raw) if raw else None
+
+    async def delete(self, msg: Message) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hdel(self._msgs(), msg.key)
+            if msg.ephemeral_to:
+                root = msg.thread_ts if msg.is_reply else None
+                pipe.zrem(self._eph(msg.channel, root, msg.ephemeral_to), msg.key)
+            elif msg.is_reply:
+                assert msg.thread_ts is not None
+                pipe.zrem(self._thread(msg.channel, msg.thread_ts), msg.ts)
+            else:
+                pipe.zrem(self._top(msg.channel), msg.ts)
+            await pipe.execute()
+
+    async def _many(self, keys: list[str]) -> list[Message]:
+        if not keys:
+            return []
+        raws = await self.redis.hmget(self._msgs(), keys)
+        return [Message.load(r) for r in raws if r]
+
+    async def top_level(
+        self, channel: str, *, limit: int, before: str | None = None, viewer: str | None = None
+    ) -> tuple[list[Message], bool]:
+        """The newest ``limit`` top-level messages before ``before``, oldest first, with the
+        ephemeral ones ``viewer`` was shown in that range; and whether older ones exist."""
+        hi = f"({before}" if before else "+inf"
+        tss = await self.redis.zrevrangebyscore(self._top(channel), hi, "-inf", 0, limit + 1)
+        more = len(tss) > limit
+        tss = tss[:limit]
+        found = await self._many([f"{channel}:{ts}" for ts in tss])
+        if viewer:
+            lo = f"({tss[-1]}" if more and tss else "-inf"
+            eph = await self.redis.zrangebyscore(self._eph(channel, None, viewer), lo, hi)
+            found += await self._many(list(eph))
+        found.sort(key=lambda m: float(m.ts))
+        return found, more
+
+    async def replies(self, channel: str, root: str, viewer: str | None = None) -> list[Message]:
+        """A thread's replies, oldest first (with ``viewer``'s ephemeral ones in it)."""
+        tss = await self.redis.zrange(self._thread(channel, root), 0, -1)
+        found = await self._many([f"{channel}:{ts}" for ts in tss])
+        if viewer:
+            found += await self._many(
+                list(await self.redis.zrange(self._eph(channel, root, viewer), 0, -1))
+            )
+        found.sort(key=lambda m: float(m.ts))
+        return found
+
+    async def reply_stats(self, channel: str, root: str) -> tuple[int, list[str], str | None]:
+        """(reply count, who replied (up to 5), latest reply ts) of a thread."""
+        key = self._thread(channel, root)
+        count = int(await self.redis.zcard(key))
+        if not count:
+            return 0, [], None
+        last = await self.redis.zrange(key, -20, -1)
+        users: list[str] = []
+        for m in await self._many([f"{channel}:{ts}" for ts in last]):
+            if m.user and m.user not in users:
+                users.append(m.user)
+        return count, users[:5], str(last[-1])
+
+    async def window(
+        self, channel: str, root: str | None, *, oldest: float, latest: float, inclusive: bool
+    ) -> list[Message]:
+        """Top-level messages (``root`` None) or a thread's replies with a ts in the range."""
+        lo = str(oldest) if inclusive else f"({oldest}"
+        hi = ("+inf" if latest == float("inf") else str(latest)) if inclusive else f"({latest}"
+        if latest == float("inf"):
+            hi = "+inf"
+        key = self._top(channel) if root is None else self._thread(channel, root)
+        tss = await self.redis.zrangebyscore(key, lo, hi)
+        return await self._many([f"{channel}:{ts}" for ts in tss])
+
+    # ------------------------------------------------------------------ modals, triggers, response URLs
+    async def save_view(self, view_id: str, user: str, view: dict[str, Any]) -> None:
+        await self.redis.hset(
+            f"{self.p}:views", view_id, json.dumps({"user": user, "view": view}, ensure_ascii=False)
+        )
+
+    async def get_view(self, view_id: str) -> tuple[str, dict[str, Any]] | None:
+        raw = await self.redis.hget(f"{self.p}:views", view_id)
+        if not raw:
+            return None
+        data = json.loads(raw)
+        return str(data["user"]), dict(data["view"])
+
+    async def drop_view(self, view_id: str) -> None:
+        await self.redis.hdel(f"{self.p}:views", view_id)
+
+    async def issue_trigger(self, trigger_id: str, user: str) -> None:
+        await self.redis.set(f"{self.p}:trigger:{trigger_id}", user, px=TRIGGER_TTL_MS)
+
+    async def exchange_trigger(self, trigger_id: str) -> str | None:
+        """The person a trigger was issued to, marking it used (atomically): ``None`` once
+        expired or never issued, :data:`TRIGGER_USED` when it was already exchanged."""
+        user = await self.redis.set(
+            f"{self.p}:trigger:{trigger_id}", TRIGGER_USED, xx=True, keepttl=True, get=True
+        )
+        return str(user) if user else None
+
+    async def issue_response_url(self, token: str, context: dict[str, Any]) -> None:
+        await self.redis.set(
+            f"{self.p}:respond:{token}",
+            json.dumps({**context, "left": RESPONSE_URL_USES}),
+            ex=RESPONSE_URL_TTL_S,
+        )
+
+    async def use_response_url(self, token: str) -> dict[str, Any] | None:
+        """The context of a response URL, counting one use; None once expired or used up."""
+        raw = await self._use_response_url(keys=[f"{self.p}:respond:{token}"])
+        if not raw:
+            return None
+        data: dict[str, Any] = json.loads(raw)
+        data["left"] -= 1
+        return data
+
+    async def first_event(self, event_id: str) -> bool:
+        return bool(await self.redis.set(f"{self.p}:event:{event_id}", "1", nx=True, ex=3600))

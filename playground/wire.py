@@ -1,0 +1,129 @@
+"""Slack's wire rules, shared by the playground and the test double ``bot.testing.FakeSlack``.
+
+What Slack accepts (Block Kit checked with ``slack_sdk``'s models, message metadata, the size
+limits), how it signs the requests it sends (``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}``),
+how the Web API reads a call's arguments (JSON or form fields, JSON-encoded ``blocks``/``view``
+fields) and how it pages (an opaque ``cursor``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from typing import Any
+
+from aiohttp import web
+from slack_sdk.errors import SlackObjectFormationError
+from slack_sdk.models.blocks import Block
+
+# Slack has refused messages with about this many characters of blocks (msg_blocks_too_long).
+MAX_BLOCKS_CHARS = 13_000
+# Slack's own bound on a page of conversations.history / conversations.replies.
+MAX_PAGE = 999
+# The most blocks a message (50) and a modal (100) may hold.
+MAX_MESSAGE_BLOCKS = 50
+MAX_VIEW_BLOCKS = 100
+
+
+def sign(secret: str, timestamp: str, body: str) -> str:
+    """The ``X-Slack-Signature`` header Slack sends for ``body`` at ``timestamp``."""
+    base = f"v0:{timestamp}:{body}".encode()
+    return "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+
+
+def blocks_problem(
+    blocks: Any, max_blocks: int, chars_limit: int | None = MAX_BLOCKS_CHARS
+) -> str | None:
+    """``None`` when Slack would accept these blocks, else the error Slack would give."""
+    return blocks_detail(blocks, max_blocks, chars_limit)[0]
+
+
+def blocks_detail(
+    blocks: Any, max_blocks: int, chars_limit: int | None = MAX_BLOCKS_CHARS
+) -> tuple[str | None, str]:
+    """Like :func:`blocks_problem`, with a sentence saying which block is wrong and why."""
+    if not isinstance(blocks, list):
+        return "invalid_blocks", "blocks must be a list"
+    if len(blocks) > max_blocks:
+        return "invalid_blocks", f"{len(blocks)} blocks; at most {max_blocks} are allowed"
+    if chars_limit is not None:
+        size = len(json.dumps(blocks, ensure_ascii=False))
+        if size > chars_limit:
+            return "msg_blocks_too_long", f"{size} characters of blocks (limit ~{chars_limit})"
+    for i, b in enumerate(blocks):
+        kind: Any = b.get("type") if isinstance(b, dict) else None
+        try:
+            parsed = Block.parse(b)
+            if parsed is None or type(parsed) is Block:
+                return "invalid_blocks", f"block {i}: unknown block type {kind!r}"
+            # to_dict() validates the block and every element in it (validate_json() checks
+            # only the block's own fields: a button's 76-character label would pass).
+            parsed.to_dict()
+        except (SlackObjectFormationError, KeyError, TypeError, ValueError) as exc:
+            return "invalid_blocks", f"block {i} ({kind}): {exc}"
+    return None, ""
+
+
+def metadata_problem(metadata: Any) -> bool:
+    """Whether Slack would refuse ``metadata`` (it needs event_type and an event_payload)."""
+    return not (
+        isinstance(metadata, dict)
+        and isinstance(metadata.get("event_type"), str)
+        and metadata["event_type"]
+        and isinstance(metadata.get("event_payload"), dict)
+    )
+
+
+async def read_args(request: web.Request) -> dict[str, Any]:
+    """A Web API call's arguments: query, then JSON or form fields; JSON-encoded fields decoded."""
+    args: dict[str, Any] = dict(request.query)
+    ctype = request.headers.get("Content-Type", "")
+    if request.can_read_body:
+        if "application/json" in ctype:
+            try:
+                data = await request.json()
+                if isinstance(data, dict):
+                    args.update(data)
+            except (ValueError, json.JSONDecodeError):
+                args["_raw"] = await request.text()
+        else:
+            args.update(dict(await request.post()))
+    for key in ("blocks", "view", "attachments", "metadata"):
+        if isinstance(args.get(key), str):
+            try:
+                args[key] = json.loads(args[key])
+            except json.JSONDecodeError:
+                pass
+    return args
+
+
+def bearer(request: web.Request, args: dict[str, Any]) -> str | None:
+    """The token of a Web API call: ``Authorization: Bearer …`` or a ``token`` argument."""
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:]
+    token = args.get("token")
+    return str(token) if token else None
+
+
+def truthy(v: Any) -> bool:
+    return v is True or str(v).lower() in ("1", "true")
+
+
+def cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"next:{offset}".encode()).decode()
+
+
+def cursor_offset(value: str) -> int:
+    """The offset an opaque cursor stands for; ``ValueError`` for a cursor we never gave."""
+    if not value:
+        return 0
+    try:
+        raw = base64.urlsafe_b64decode(value.encode()).decode()
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("invalid cursor") from None
+    if not raw.startswith("next:") or not raw[5:].isdigit():  # never a negative offset
+        raise ValueError("invalid cursor")
+    return int(raw[5:])

@@ -1,0 +1,155 @@
+"""The playground as a real process (``python -m playground``: it starts ``web`` and
+``worker``), on a private Redis, and a page in Debian's Chromium driven by Playwright.
+
+Screenshots go to ``var/artifacts/playground/`` (kept by CI as artifacts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright
+
+from tests.redis_server import RedisServer, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "var" / "artifacts" / "playground"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+# As the machine's probe starts it: no sandbox (root), no GPU, and nothing that reaches out.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+READY = re.compile(r"open (http://127\.0\.0\.1:\d+) in your browser")
+
+
+@dataclass
+class PlaygroundProcess:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+    prefix: str
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self) -> None:
+        """SIGTERM (the playground stops web and worker), then SIGKILL its process group."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+
+def start_playground(
+    redis_url: str, log_dir: Path, prefix: str | None = None, **extra: str
+) -> PlaygroundProcess:
+    prefix = prefix or "pg" + uuid.uuid4().hex[:8]
+    port, web_port = free_port(), free_port()
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "PYTHONPATH": str(ROOT),
+        "REDIS_URL": redis_url,
+        "KEY_PREFIX": prefix,
+        "PLAYGROUND_PORT": str(port),
+        "PORT": str(web_port),
+        **extra,
+    }
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"playground-{prefix}-{port}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "playground"],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: web and worker are in it too
+        )
+    pg = PlaygroundProcess(proc, "", log, prefix)
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        if (m := READY.search(log.read_text(errors="replace"))) is not None:
+            pg.url = m.group(1)
+            return pg
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    pg.stop()
+    raise AssertionError(f"the playground did not start:\n{pg.log_tail()}")
+
+
+@pytest.fixture(scope="module")
+def playground(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PlaygroundProcess]:
+    pg = start_playground(redis_server.url, tmp_path_factory.mktemp("playground"))
+    try:
+        yield pg
+    finally:
+        pg.stop()
+
+
+def _chromium() -> str:
+    path = shutil.which(CHROMIUM) or CHROMIUM
+    if not os.path.exists(path):
+        raise AssertionError(
+            f"{CHROMIUM} not found: install Debian's chromium (`make test` does, as root)"
+        )
+    return path
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as p:
+        b = await p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+@pytest.fixture
+async def page(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1280, "height": 800})
+    pg = await context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield pg
+    finally:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(Exception):
+            await pg.screenshot(path=str(ARTIFACTS / f"{request.node.name}-last.png"))
+        await context.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+async def shot(page: Page, name: str) -> Path:
+    """Save a screenshot as an artifact; returns its path."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    await page.screenshot(path=str(path))
+    return path
