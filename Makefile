@@ -88,6 +88,7 @@ $(BENCH_STAMP): pyproject.toml | $(STAMP)
 bench: install redis-check $(BENCH_STAMP)
 	$(VPY) -m tests.bench $(BENCH_ARGS)
 	$(VPY) -m tests.bench.slack_latency $(SLACK_BENCH_ARGS)
+	$(VPY) -m tests.bench.decision_wait
 
 # The soak (tests/soak/test_soak.py): runs under random decisions (approve, deny, expire,
 # double clicks, approver races, cancels, late clicks) while web and workers are SIGKILLed,

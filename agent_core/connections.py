@@ -5,9 +5,10 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ConnectionError, TimeoutError
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 
 def create_redis(url: str, *, socket_timeout: float = 10.0, max_connections: int = 64) -> Redis:
@@ -32,6 +33,53 @@ def create_redis(url: str, *, socket_timeout: float = 10.0, max_connections: int
         retry_on_error=[ConnectionError, TimeoutError],
     )
     return Redis.from_pool(pool)
+
+
+def create_cluster(url: str, *, socket_timeout: float = 10.0, max_connections: int = 64) -> Redis:
+    """redis-py's Redis Cluster client for a cluster reachable at ``url`` (any node).
+
+    It follows MOVED and ASK redirections (a slot moved by resharding, a replica promoted by
+    a failover) and refreshes its slot table; a command is retried on connection errors,
+    which is safe for the same reason as in :func:`create_redis`.
+    """
+    client: Redis = RedisCluster.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=socket_timeout,
+        socket_connect_timeout=5.0,
+        max_connections=max_connections,
+        # Each retry rebuilds the slot table (redis-py ignores the backoff here): 20 cover
+        # about a second. A failover takes longer (the node timeout): the callers' own
+        # retry loops (worker, notifier, the bot's ack budget) carry it the rest of the way.
+        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=20),
+        retry_on_error=[ConnectionError, TimeoutError],
+        # A MOVED (a slot moved by resharding) patches that slot only. Rebuilding the whole
+        # table closes every connection of the nodes it replaces, including ones other
+        # tasks are blocked on (XREADGROUP), which then fail outside redis-py's errors.
+        reinitialize_steps=0,
+    )
+    return client
+
+
+async def connect_redis(url: str, cluster: bool | None = None, **kwargs: float | int) -> Redis:
+    """A client for ``url``: the cluster client when ``cluster`` is true, or when it is None
+    and the server says it is a cluster node; else :func:`create_redis`'s."""
+    if cluster is None:
+        probe = create_redis(url, **kwargs)  # type: ignore[arg-type]
+        try:
+            info = await probe.info("cluster")
+            cluster = bool(int(info.get("cluster_enabled", 0)))
+        except RedisError:
+            cluster = False
+        finally:
+            await probe.aclose()
+    if cluster:
+        client = create_cluster(url, **kwargs)  # type: ignore[arg-type]
+        # Learn the slot table now: left to the first commands, a dozen readers starting at
+        # once each rebuild it and close the connections the others are using.
+        await client.initialize()
+        return client
+    return create_redis(url, **kwargs)  # type: ignore[arg-type]
 
 
 def redacted(url: str) -> str:

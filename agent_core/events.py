@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 
 from pydantic import ValidationError
 from redis.asyncio import Redis
@@ -20,6 +21,7 @@ def parse_event(msg: StreamMessage) -> Event:
     try:
         return Event(
             id=msg.id,
+            stream=msg.stream,
             type=EventType(msg.fields["type"]),
             run_id=msg.fields["run_id"],
             data=json.loads(msg.fields.get("data") or "{}"),
@@ -29,7 +31,8 @@ def parse_event(msg: StreamMessage) -> Event:
 
 
 class EventConsumer:
-    """A member of a consumer group on the events stream (e.g. one Slack ``web`` replica).
+    """A member of a consumer group on the events streams (e.g. one Slack ``web`` replica):
+    every shard's, or those of ``shards`` (on Redis Cluster, one consumer per shard).
 
     Each event is delivered to one member of the group; events left unacknowledged by a member
     that died are claimed by another after ``claim_idle_ms``. Handlers must be idempotent:
@@ -43,15 +46,17 @@ class EventConsumer:
         group: str,
         consumer: str,
         *,
+        shards: Sequence[int] | None = None,
         claim_idle_ms: int = 30_000,
         max_deliveries: int = 10,
     ) -> None:
+        chosen = keys.all_shards() if shards is None else shards
         self._stream = StreamConsumer(
             redis,
-            keys.events(),
+            [keys.events(s) for s in chosen],
             group,
             consumer,
-            dead_stream=keys.dead_events(),
+            dead_stream=lambda stream: keys.dead_events(keys.shard_of_stream(stream)),
             claim_idle_ms=claim_idle_ms,
             max_deliveries=max_deliveries,
         )
@@ -73,8 +78,8 @@ class EventConsumer:
 
     async def ack(self, event: Event) -> None:
         """Acknowledge an event once it has been handled."""
-        await self._stream.ack(event.id)
+        await self._stream.ack(StreamMessage(event.id, {}, 1, event.stream))
 
     async def touch(self, event: Event) -> None:
         """Keep a slow event from being claimed by another member."""
-        await self._stream.touch(event.id)
+        await self._stream.touch(StreamMessage(event.id, {}, 1, event.stream))

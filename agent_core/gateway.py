@@ -8,20 +8,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
-import secrets
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from redis.asyncio import Redis
 
-from . import scripts
+from . import metrics, scripts
 from .completions import clean_text
 from .events import EventConsumer
 from .exceptions import ArgsHashMismatch, GateNotFound, InvalidState, RunNotFound
 from .keys import Keys
 from .models import DecideResult, Decision, Gate, GateStatus, Run, RunStatus
+from .streams import is_cluster, stream_groups
+
+log = logging.getLogger(__name__)
 
 MAX_TASK_CHARS = 20_000
 MAX_REASON_CHARS = 2_000
@@ -48,23 +51,16 @@ def pairs(flat: list[str]) -> dict[str, str]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
-def new_run_id() -> str:
-    """A short run id a person can type (``r-`` and 12 base-36 characters)."""
-    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return "r-" + "".join(secrets.choice(alphabet) for _ in range(12))
+def valid_gate_id(gate_id: str, keys: Keys | None = None) -> bool:
+    """A well-formed gate id (of one of ``keys``' shards, when given)."""
+    ok = isinstance(gate_id, str) and bool(_GATE_ID.match(gate_id))
+    return ok and (keys is None or keys.owns(gate_id))
 
 
-def new_gate_id() -> str:
-    """An unguessable gate id (144 random bits), safe to put in a button value."""
-    return secrets.token_urlsafe(18)
-
-
-def valid_gate_id(gate_id: str) -> bool:
-    return isinstance(gate_id, str) and bool(_GATE_ID.match(gate_id))
-
-
-def valid_run_id(run_id: str) -> bool:
-    return isinstance(run_id, str) and bool(_RUN_ID.match(run_id))
+def valid_run_id(run_id: str, keys: Keys | None = None) -> bool:
+    """A well-formed run id (of one of ``keys``' shards, when given)."""
+    ok = isinstance(run_id, str) and bool(_RUN_ID.match(run_id))
+    return ok and (keys is None or keys.owns(run_id))
 
 
 class Gateway:
@@ -77,17 +73,23 @@ class Gateway:
         *,
         agent_name: str = "agent",
         events_maxlen: int = 100_000,
+        decision_replicas: int = 0,
+        decision_wait_ms: int = 1000,
     ) -> None:
         self.redis = redis
         self.keys = keys or Keys()
         self.agent_name = agent_name
         self.events_maxlen = events_maxlen
+        # A decision returns once this many replicas have it (WAIT), so a failover right
+        # after the click cannot lose it: 0 on a Redis without replicas.
+        self.decision_replicas = decision_replicas
+        self.decision_wait_ms = decision_wait_ms
         self._decide = redis.register_script(scripts.DECIDE_GATE)
         self._cancel = redis.register_script(scripts.CANCEL_RUN)
         self._repair = redis.register_script(scripts.REPAIR_RUN)
         self._start = redis.register_script(scripts.START_RUN)
         self._retry = redis.register_script(scripts.RETRY_RUN)
-        self._check_cursor = 0
+        self._check_cursor = (0, 0)
 
     # --- runs -------------------------------------------------------------------------
     async def start_run(
@@ -112,7 +114,11 @@ class Gateway:
             raise ValueError("requested_by is required")
         if idempotency_key is not None and not 0 < len(idempotency_key) <= 200:
             raise ValueError("idempotency_key must be 1 to 200 characters")
-        run_id = new_run_id()
+        k = self.keys
+        # With an idempotency key the run goes to that key's shard: the key and the run are
+        # written by one single-slot script.
+        run_id = k.new_run_id(k.shard_for(idempotency_key) if idempotency_key else None)
+        shard = k.shard_of(run_id)
         now = time.time()
         fields = {
             "run_id": run_id,
@@ -127,15 +133,14 @@ class Gateway:
             "created_at": f"{now:.6f}",
             "updated_at": f"{now:.6f}",
         }
-        k = self.keys
         got = await self._start(
             keys=[
                 k.start_key(idempotency_key) if idempotency_key else k.run(run_id),
                 k.run(run_id),
                 k.history(run_id),
-                k.user_runs(requested_by),
-                k.active(),
-                k.jobs(),
+                k.user_runs(requested_by, shard),
+                k.active(shard),
+                k.jobs(shard),
             ],
             args=[
                 "1" if idempotency_key else "0",
@@ -154,7 +159,7 @@ class Gateway:
 
     async def get_run(self, run_id: str) -> Run | None:
         """The run, or None."""
-        if not valid_run_id(run_id):
+        if not valid_run_id(run_id, self.keys):
             return None
         h = await self.redis.hgetall(self.keys.run(run_id))
         return Run.from_hash(h) if h else None
@@ -187,7 +192,9 @@ class Gateway:
             )
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        stream = self.keys.events()
+        if not valid_run_id(run_id, self.keys):
+            raise RunNotFound(f"no run {run_id[:40]!r}")
+        stream = self.keys.events(self.keys.shard_of(run_id))
         # The stream position first, then the run: an event after it is read below.
         last = await self.redis.xrevrange(stream, count=1)
         position = last[0][0] if last else "0-0"
@@ -222,13 +229,18 @@ class Gateway:
                 return run
 
     async def runs_for_user(self, user: str, limit: int = 20) -> list[Run]:
-        """The user's runs, newest first."""
-        ids = await self.redis.zrevrange(self.keys.user_runs(user), 0, limit - 1)
-        if not ids:
+        """The user's runs, newest first (from every shard)."""
+        k = self.keys
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for shard in k.all_shards():
+                pipe.zrevrange(k.user_runs(user, shard), 0, limit - 1, withscores=True)
+            per_shard = await pipe.execute()
+        scored = sorted((s for rows in per_shard for s in rows), key=lambda r: -r[1])[:limit]
+        if not scored:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
-            for run_id in ids:
-                pipe.hgetall(self.keys.run(run_id))
+            for run_id, _ in scored:
+                pipe.hgetall(k.run(run_id))
             hashes = await pipe.execute()
         return [Run.from_hash(h) for h in hashes if h]
 
@@ -238,9 +250,10 @@ class Gateway:
 
     async def cancel_run(self, run_id: str, by: str, reason: str | None = None) -> Run:
         """Cancel a run that has not finished; its pending gates become ``cancelled``."""
-        if not valid_run_id(run_id):
+        if not valid_run_id(run_id, self.keys):
             raise RunNotFound(f"no run {run_id!r}")
         k = self.keys
+        shard = k.shard_of(run_id)
         for _ in range(10):
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.smembers(k.run_gates(run_id))
@@ -248,14 +261,15 @@ class Gateway:
                 members, turn = await pipe.execute()
             gate_ids = sorted(members)
             turn = turn or "0"
+            were_pending = await metrics.pending_gates(self.redis, k, gate_ids)
             res = await self._cancel(
                 keys=[
                     k.run(run_id),
-                    k.deadlines(),
-                    k.events(),
+                    k.deadlines(shard),
+                    k.events(shard),
                     k.run_gates(run_id),
-                    k.finished(),
-                    k.active(),
+                    k.finished(shard),
+                    k.active(shard),
                     k.turn(run_id, int(turn)),
                     *(k.gate(g) for g in gate_ids),
                 ],
@@ -272,6 +286,7 @@ class Gateway:
             if res[0] == "finished":
                 raise InvalidState(f"run {run_id} has already {res[1]}")
             if res[0] == "cancelled":
+                await metrics.count_cancelled(self.redis, k, were_pending)
                 run = await self.get_run(run_id)
                 assert run is not None
                 return run
@@ -284,13 +299,20 @@ class Gateway:
         for an unknown run, :class:`InvalidState` when it is not failed or its failure is
         not one a retry can fix.
         """
-        if not valid_run_id(run_id):
+        if not valid_run_id(run_id, self.keys):
             raise RunNotFound(f"no run {run_id!r}")
         if not by:
             raise ValueError("by is required")
         k = self.keys
+        shard = k.shard_of(run_id)
         res = await self._retry(
-            keys=[k.run(run_id), k.finished(), k.active(), k.jobs(), k.events()],
+            keys=[
+                k.run(run_id),
+                k.finished(shard),
+                k.active(shard),
+                k.jobs(shard),
+                k.events(shard),
+            ],
             args=[run_id, by, f"{time.time():.6f}"],
         )
         if res == "missing":
@@ -308,13 +330,15 @@ class Gateway:
     # --- gates ------------------------------------------------------------------------
     async def get_gate(self, gate_id: str) -> Gate | None:
         """The gate, or None (also for a malformed id)."""
-        if not valid_gate_id(gate_id):
+        if not valid_gate_id(gate_id, self.keys):
             return None
         h = await self.redis.hgetall(self.keys.gate(gate_id))
         return Gate.from_hash(h) if h else None
 
     async def gates(self, run_id: str) -> list[Gate]:
         """Every gate the run opened, oldest first."""
+        if not valid_run_id(run_id, self.keys):
+            return []
         ids = await self.redis.smembers(self.keys.run_gates(run_id))
         if not ids:
             return []
@@ -363,24 +387,27 @@ class Gateway:
     async def _apply(
         self, gate_id: str, status: str, by: str, reason: str | None, seen_hash: str
     ) -> DecideResult:
-        if not valid_gate_id(gate_id):
+        if not valid_gate_id(gate_id, self.keys):
             raise GateNotFound(f"no gate {gate_id[:40]!r}")
         k = self.keys
+        shard = k.shard_of(gate_id)
         run_id = await self.redis.hget(k.gate(gate_id), "run_id")
-        if run_id is None:
+        if run_id is None or not valid_run_id(run_id, k) or k.shard_of(run_id) != shard:
             raise GateNotFound(f"no gate {gate_id!r}")
-        res = await self._decide(
-            keys=[k.gate(gate_id), k.run(run_id), k.deadlines(), k.jobs(), k.events()],
-            args=[
-                gate_id,
-                status,
-                by,
-                clean_text(reason or "")[:MAX_REASON_CHARS],
-                "",
-                run_id,
-                seen_hash,
-            ],
-        )
+        keys = [k.gate(gate_id), k.run(run_id), k.deadlines(shard), k.jobs(shard), k.events(shard)]
+        args = [
+            gate_id,
+            status,
+            by,
+            clean_text(reason or "")[:MAX_REASON_CHARS],
+            "",
+            run_id,
+            seen_hash,
+        ]
+        if self.decision_replicas > 0:
+            res = await self._decide_replicated(keys, args)
+        else:
+            res = await self._decide(keys=keys, args=args)
         if res[0] == "missing":
             raise GateNotFound(f"no gate {gate_id!r}")
         if res[0] == "mismatch":
@@ -390,16 +417,51 @@ class Gateway:
             )
         if res[0] == "not_due":
             raise InvalidState(f"gate {gate_id} is not due yet")
-        return DecideResult(applied=res[0] == "applied", gate=Gate.from_hash(pairs(res[1])))
+        result = DecideResult(applied=res[0] == "applied", gate=Gate.from_hash(pairs(res[1])))
+        if result.applied:
+            g = result.gate
+            metrics.gate_decided(g.status.value, g.created_at, g.decided_at)
+        return result
 
-    async def due_gates(self, limit: int = 100) -> tuple[list[str], float | None]:
-        """Pending gate ids past their deadline (Redis clock), and the next deadline after them."""
+    async def _decide_replicated(self, keys: list[str], args: list[str]) -> Any:
+        """DECIDE, then WAIT for ``decision_replicas`` on the same connection (WAIT counts the
+        writes of its own connection: a pipeline sends both on one). EVAL, not EVALSHA: a
+        replica just promoted has no script cache."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.eval(scripts.DECIDE_GATE, len(keys), *keys, *args)
+        wait = ("WAIT", self.decision_replicas, self.decision_wait_ms)
+        if is_cluster(self.redis):
+            pipe.execute_command(*wait, target_nodes=self.redis.get_node_from_key(keys[0]))
+        else:
+            pipe.execute_command(*wait)
+        res, replicas = await pipe.execute()
+        if res and res[0] == "applied" and int(replicas) < self.decision_replicas:
+            log.error(
+                "gate %s: the decision reached %s of %s replicas within %s ms; a failover "
+                "now could lose it",
+                args[0],
+                replicas,
+                self.decision_replicas,
+                self.decision_wait_ms,
+            )
+        return res
+
+    async def due_gates(
+        self, limit: int = 100, shards: Iterable[int] | None = None
+    ) -> tuple[list[str], float | None]:
+        """Pending gate ids past their deadline (Redis clock), in ``shards`` (default all),
+        and the time until the next deadline after them."""
+        k = self.keys
+        chosen = list(k.all_shards() if shards is None else shards)
+        # TIME on its own: a cluster pipeline cannot carry a keyless command.
+        sec, usec = await self.redis.time()
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.time()
-            pipe.zrange(self.keys.deadlines(), 0, limit, withscores=True)
-            (sec, usec), entries = await pipe.execute()
+            for shard in chosen:
+                pipe.zrange(k.deadlines(shard), 0, limit, withscores=True)
+            per_shard = await pipe.execute()
         now = sec + usec / 1e6
-        due = [g for g, score in entries if score <= now]
+        entries = sorted((e for rows in per_shard for e in rows), key=lambda e: e[1])
+        due = [g for g, score in entries if score <= now][:limit]
         later = [score for _, score in entries if score > now]
         return due, (later[0] - now if later else None)
 
@@ -412,7 +474,11 @@ class Gateway:
         k = self.keys
         sec, usec = await self.redis.time()
         cutoff = sec + usec / 1e6 - older_than
-        run_ids = await self.redis.zrangebyscore(k.finished(), "-inf", cutoff, start=0, num=limit)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for shard in k.all_shards():
+                pipe.zrangebyscore(k.finished(shard), "-inf", cutoff, start=0, num=limit)
+            per_shard = await pipe.execute()
+        run_ids = [r for rows in per_shard for r in rows if valid_run_id(r, k)][:limit]
         if not run_ids:
             return 0
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -427,10 +493,11 @@ class Gateway:
                 doomed += [k.turn(run_id, n) for n in range(1, int(turn or 0) + 1)]
                 doomed += [k.gate(g) for g in gate_ids]
                 pipe.unlink(*doomed)
+                shard = k.shard_of(run_id)
                 if requested_by:
-                    pipe.zrem(k.user_runs(requested_by), run_id)
-                pipe.zrem(k.finished(), run_id)
-                pipe.zrem(k.active(), run_id)
+                    pipe.zrem(k.user_runs(requested_by, shard), run_id)
+                pipe.zrem(k.finished(shard), run_id)
+                pipe.zrem(k.active(shard), run_id)
             await pipe.execute()
         return len(run_ids)
 
@@ -443,18 +510,22 @@ class Gateway:
         harmless). Several workers may check at once: a repaired run counts as progress.
         """
         k = self.keys
-        start = self._check_cursor
-        run_ids = await self.redis.zrange(k.active(), start, start + limit - 1)
-        # Walk the whole set across calls, `limit` runs at a time.
-        self._check_cursor = 0 if len(run_ids) < limit else start + limit
+        # Walk every shard's set across calls, `limit` runs at a time.
+        shard, start = self._check_cursor
+        run_ids = await self.redis.zrange(k.active(shard), start, start + limit - 1)
+        if len(run_ids) < limit:
+            self._check_cursor = ((shard + 1) % k.shards, 0)
+        else:
+            self._check_cursor = (shard, start + limit)
+        run_ids = [r for r in run_ids if valid_run_id(r, k)]
         if not run_ids:
             return []
+        sec, usec = await self.redis.time()
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.time()
             for run_id in run_ids:
                 pipe.hmget(k.run(run_id), ["status", "updated_at", "lease_until"])
-            sec_usec, *rows = await pipe.execute()
-        now = sec_usec[0] + sec_usec[1] / 1e6
+            rows = await pipe.execute()
+        now = sec + usec / 1e6
         suspects = [
             run_id
             for run_id, (status, updated, lease) in zip(run_ids, rows, strict=True)
@@ -469,9 +540,9 @@ class Gateway:
                 res = await self._repair(
                     keys=[
                         k.run(run_id),
-                        k.jobs(),
+                        k.jobs(shard),
                         k.run_gates(run_id),
-                        k.active(),
+                        k.active(shard),
                         *(k.gate(g) for g in gate_ids),
                     ],
                     args=[stuck_after, run_id, *gate_ids],
@@ -486,5 +557,25 @@ class Gateway:
     def event_consumer(
         self, group: str, consumer: str, *, claim_idle_ms: int = 30_000
     ) -> EventConsumer:
-        """A consumer-group reader of the events stream."""
+        """A consumer-group reader of every shard's events stream (on one Redis node; on
+        Redis Cluster use :meth:`event_consumers`)."""
         return EventConsumer(self.redis, self.keys, group, consumer, claim_idle_ms=claim_idle_ms)
+
+    def event_consumers(
+        self, group: str, consumer: str, *, claim_idle_ms: int = 30_000
+    ) -> list[EventConsumer]:
+        """Readers that together cover every shard's events: one on a single Redis node, one
+        per shard on Redis Cluster (a read cannot span slots). Run each in its own loop."""
+        return [
+            EventConsumer(
+                self.redis,
+                self.keys,
+                group,
+                consumer,
+                shards=[self.keys.shard_of_stream(s) for s in streams],
+                claim_idle_ms=claim_idle_ms,
+            )
+            for streams in stream_groups(
+                self.redis, [self.keys.events(s) for s in self.keys.all_shards()]
+            )
+        ]

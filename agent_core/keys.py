@@ -1,84 +1,168 @@
 """Every Redis key name the project uses, built in one place.
 
-All keys start with the prefix and carry it as a hash tag (``{agw}:run:…``), so every
-multi-key Lua script touches a single slot and the same code runs on Redis Cluster.
+Runs are spread over ``shards`` (default 16, fixed for a deployment: SHARDS). Every key of a
+run carries its shard's hash tag (``{agw:3}:run:…``), and so do that shard's streams and
+indexes (jobs, events, deadlines, active and finished runs): every multi-key Lua script
+touches one slot, and on Redis Cluster the shards spread over the nodes. Run ids and gate ids
+encode their shard in their first two characters (base 36), so a click finds its slot
+without a lookup. A few keys belong to no run (a bot's locks, request de-duplication): they
+carry the deployment's own tag ``{agw}``.
+
 No key name is ever built inside Lua: scripts receive every key in KEYS.
 """
 
 from __future__ import annotations
 
+import secrets
+import zlib
+
 DEFAULT_PREFIX = "agw"
+DEFAULT_SHARDS = 16
+MAX_SHARDS = 36 * 36  # two base-36 characters in every id
+
+_B36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+_RUN_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def encode_shard(shard: int) -> str:
+    return _B36[shard // 36] + _B36[shard % 36]
+
+
+def decode_shard(text: str) -> int | None:
+    """The shard two base-36 characters stand for (any case), or None."""
+    if len(text) != 2:
+        return None
+    hi, lo = _B36.find(text[0].lower()), _B36.find(text[1].lower())
+    return None if hi < 0 or lo < 0 else hi * 36 + lo
 
 
 class Keys:
     """Key names under one prefix (one per deployment; tests use their own)."""
 
-    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+    def __init__(self, prefix: str = DEFAULT_PREFIX, shards: int = DEFAULT_SHARDS) -> None:
         if not prefix or any(c in prefix for c in "{}: "):
             raise ValueError(f"invalid key prefix {prefix!r}")
+        if not 1 <= shards <= MAX_SHARDS:
+            raise ValueError(f"shards must be 1 to {MAX_SHARDS}")
         self.prefix = prefix
-        self._base = "{" + prefix + "}"
+        self.shards = shards
+        self._global = "{" + prefix + "}"
+
+    # --- shards and ids ---------------------------------------------------------------
+    def tag(self, shard: int) -> str:
+        """The hash tag of a shard, e.g. ``{agw:3}``."""
+        if not 0 <= shard < self.shards:
+            raise ValueError(f"no shard {shard} (SHARDS={self.shards})")
+        return "{" + f"{self.prefix}:{shard}" + "}"
+
+    def all_shards(self) -> range:
+        return range(self.shards)
+
+    def shard_of(self, ident: str) -> int:
+        """The shard of a run id (``r-XX…``) or a gate id (``XX…``); ValueError if it
+        encodes none of this deployment's shards."""
+        code = ident[2:4] if ident.startswith("r-") else ident[:2]
+        shard = decode_shard(code)
+        if shard is None or shard >= self.shards:
+            raise ValueError(f"{ident[:40]!r} belongs to no shard of this deployment")
+        return shard
+
+    def owns(self, ident: str) -> bool:
+        """Whether an id encodes one of this deployment's shards."""
+        try:
+            self.shard_of(ident)
+        except ValueError:
+            return False
+        return True
+
+    def shard_for(self, key: str) -> int:
+        """A stable shard for a string (an idempotency key): the same key, the same shard."""
+        return zlib.crc32(key.encode()) % self.shards
+
+    def new_run_id(self, shard: int | None = None) -> str:
+        """``r-`` + the shard (2 characters) + 10 random base-36 characters: short enough to
+        type, e.g. ``r-0b7k2m9x4qaz``. A random shard when none is given."""
+        s = secrets.randbelow(self.shards) if shard is None else shard
+        return "r-" + encode_shard(s) + "".join(secrets.choice(_RUN_ALPHABET) for _ in range(10))
+
+    def new_gate_id(self, shard: int) -> str:
+        """The shard (2 characters) + 22 URL-safe random characters (132 random bits):
+        unguessable, safe in a button value."""
+        return encode_shard(shard) + secrets.token_urlsafe(17)[:22]
 
     # --- runs -------------------------------------------------------------------------
+    def _run_base(self, run_id: str) -> str:
+        return f"{self.tag(self.shard_of(run_id))}:run:{run_id}"
+
     def run(self, run_id: str) -> str:
         """Hash: the run's fields (status, turn, phase, pending, …)."""
-        return f"{self._base}:run:{run_id}"
+        return self._run_base(run_id)
 
     def history(self, run_id: str) -> str:
         """List: the run's chat messages as JSON, append-only."""
-        return f"{self._base}:run:{run_id}:msgs"
+        return f"{self._run_base(run_id)}:msgs"
 
     def turn(self, run_id: str, turn: int) -> str:
         """Hash: the tool calls of one model turn, their states and results."""
-        return f"{self._base}:run:{run_id}:turn:{turn}"
+        return f"{self._run_base(run_id)}:turn:{turn}"
 
     def run_gates(self, run_id: str) -> str:
         """Set: every gate id the run ever opened."""
-        return f"{self._base}:run:{run_id}:gates"
+        return f"{self._run_base(run_id)}:gates"
 
     def start_key(self, key: str) -> str:
-        """String: the run an idempotency key (e.g. a Slack trigger id) already started."""
-        return f"{self._base}:start:{key}"
+        """String: the run an idempotency key (e.g. a Slack trigger id) already started. It
+        lives in :meth:`shard_for` ``(key)``, the shard the run is started in."""
+        return f"{self.tag(self.shard_for(key))}:start:{key}"
 
-    def active(self) -> str:
-        """Sorted set: runs not finished yet, scored by start time (the stuck-run checker)."""
-        return f"{self._base}:active"
+    def active(self, shard: int) -> str:
+        """Sorted set: a shard's runs not finished yet, scored by start time."""
+        return f"{self.tag(shard)}:active"
 
-    def user_runs(self, user: str) -> str:
-        """Sorted set: run ids started by a user, scored by start time."""
-        return f"{self._base}:user:{user}:runs"
+    def user_runs(self, user: str, shard: int) -> str:
+        """Sorted set: run ids a user started in a shard, scored by start time."""
+        return f"{self.tag(shard)}:user:{user}:runs"
+
+    def finished(self, shard: int) -> str:
+        """Sorted set: a shard's finished run ids scored by when they finished (retention)."""
+        return f"{self.tag(shard)}:finished"
 
     # --- gates ------------------------------------------------------------------------
     def gate(self, gate_id: str) -> str:
         """Hash: one approval gate."""
-        return f"{self._base}:gate:{gate_id}"
+        return f"{self.tag(self.shard_of(gate_id))}:gate:{gate_id}"
 
-    def finished(self) -> str:
-        """Sorted set: finished run ids scored by when they finished (for retention)."""
-        return f"{self._base}:finished"
-
-    def deadlines(self) -> str:
-        """Sorted set: pending gate ids scored by their deadline (unix seconds)."""
-        return f"{self._base}:deadlines"
+    def deadlines(self, shard: int) -> str:
+        """Sorted set: a shard's pending gate ids scored by their deadline (unix seconds)."""
+        return f"{self.tag(shard)}:deadlines"
 
     # --- streams ----------------------------------------------------------------------
-    def jobs(self) -> str:
-        """Stream: start/resume jobs for the workers' consumer group."""
-        return f"{self._base}:jobs"
+    def jobs(self, shard: int) -> str:
+        """Stream: a shard's start/resume jobs for the workers' consumer group."""
+        return f"{self.tag(shard)}:jobs"
 
-    def dead_jobs(self) -> str:
+    def dead_jobs(self, shard: int) -> str:
         """Stream: jobs that kept failing (dead letters)."""
-        return f"{self._base}:jobs:dead"
+        return f"{self.tag(shard)}:jobs:dead"
 
-    def events(self) -> str:
-        """Stream: run and gate events for front ends (the Slack bot)."""
-        return f"{self._base}:events"
+    def events(self, shard: int) -> str:
+        """Stream: a shard's run and gate events for front ends (the Slack bot)."""
+        return f"{self.tag(shard)}:events"
 
-    def dead_events(self) -> str:
+    def dead_events(self, shard: int) -> str:
         """Stream: events a consumer group could not handle."""
-        return f"{self._base}:events:dead"
+        return f"{self.tag(shard)}:events:dead"
+
+    def shard_of_stream(self, stream: str) -> int:
+        """The shard a stream key (jobs, events and their dead letters) belongs to."""
+        head = f"{{{self.prefix}:"
+        if not stream.startswith(head):
+            raise ValueError(f"{stream!r} is not a stream of this deployment")
+        return int(stream[len(head) : stream.index("}")])
 
     # --- extensions -------------------------------------------------------------------
-    def ext(self, namespace: str, ident: str) -> str:
-        """A key owned by a front end (e.g. the Slack card of a gate)."""
-        return f"{self._base}:ext:{namespace}:{ident}"
+    def ext(self, namespace: str, ident: str, shard: int | None = None) -> str:
+        """A key owned by a front end: in ``shard`` (the card of a gate, beside the gate), or
+        under the deployment's own tag (a lock, request de-duplication)."""
+        tag = self._global if shard is None else self.tag(shard)
+        return f"{tag}:ext:{namespace}:{ident}"

@@ -174,3 +174,5 @@ class Event(BaseModel):
     type: EventType
     run_id: str
     data: dict[str, Any]
+    # The stream it was read from (each shard has its own), for acknowledging it.
+    stream: str = ""

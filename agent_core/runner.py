@@ -25,7 +25,7 @@ import openai
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from . import messages, retries, scripts
+from . import messages, metrics, retries, scripts
 from .agent import Agent
 from .completions import (
     Completion,
@@ -37,7 +37,7 @@ from .completions import (
     redact_secrets,
 )
 from .exceptions import LeaseLost
-from .gateway import new_gate_id, pairs
+from .gateway import pairs
 from .keys import Keys
 from .models import Gate, GateStatus
 from .tools import Tool
@@ -99,6 +99,12 @@ def _json_object_or_empty(arguments: str) -> str:
     return arguments if isinstance(parsed, dict) else "{}"
 
 
+def _error_kind(exc: openai.APIError) -> str:
+    if isinstance(exc, openai.RateLimitError):
+        return "rate_limited"
+    return "retryable" if retries.retryable(exc) else "final"
+
+
 def _lost(reply: Any) -> bool:
     return reply == "lost" or (isinstance(reply, list) and reply[:1] == ["lost"])
 
@@ -136,6 +142,7 @@ class Runner:
         self.max_calls_per_turn = max_calls_per_turn
         self.model_retries = model_retries
         self.retry_budget = retry_budget
+        self._read_for_model = redis.register_script(scripts.READ_FOR_MODEL)
         self._begin = redis.register_script(scripts.BEGIN_RUN)
         self._record = redis.register_script(scripts.RECORD_TURN)
         self._claim = redis.register_script(scripts.CLAIM_CALL)
@@ -156,7 +163,8 @@ class Runner:
         """
         k = self.keys
         began = await self._begin(
-            keys=[k.run(run_id), k.events()], args=[fence, self.agent.name, _now()]
+            keys=[k.run(run_id), k.events(k.shard_of(run_id))],
+            args=[fence, self.agent.name, _now()],
         )
         if began[0] == "":
             log.warning("job for unknown run %s ignored", run_id)
@@ -195,14 +203,15 @@ class Runner:
         )
         for _ in range(10):
             gate_ids = sorted(await self.redis.smembers(k.run_gates(run_id)))
+            were_pending = await metrics.pending_gates(self.redis, k, gate_ids)
             res = await self._fail(
                 keys=[
                     k.run(run_id),
-                    k.events(),
-                    k.finished(),
-                    k.deadlines(),
+                    k.events(k.shard_of(run_id)),
+                    k.finished(k.shard_of(run_id)),
+                    k.deadlines(k.shard_of(run_id)),
                     k.run_gates(run_id),
-                    k.active(),
+                    k.active(k.shard_of(run_id)),
                     *(k.gate(g) for g in gate_ids),
                 ],
                 args=[fence, error, data, _now(), run_id, "1" if retryable else "0", *gate_ids],
@@ -210,6 +219,8 @@ class Runner:
             if res == "lost":
                 raise LeaseLost(run_id)
             if res != "retry":
+                if res == "failed":
+                    await metrics.count_cancelled(self.redis, k, were_pending)
                 return bool(res == "failed")
         return False
 
@@ -229,12 +240,10 @@ class Runner:
         # The history and a look at the lease in one round trip: a worker that was paused
         # before this point (and taken over) stops here instead of paying for a model call
         # on a stale history. (Its writes would be refused anyway.)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.lrange(k.history(run_id), 0, -1)
-            pipe.hmget(k.run(run_id), ["fence", "lease_until", "turn", "phase"])
-            pipe.time()
-            raw, (cur_fence, until, cur_turn, phase), (sec, usec) = await pipe.execute()
-        if cur_fence != fence or float(until or 0) <= sec + usec / 1e6:
+        cur_fence, until, cur_turn, phase, now, *raw = await self._read_for_model(
+            keys=[k.run(run_id), k.history(run_id)]
+        )
+        if cur_fence != fence or float(until or 0) <= float(now):
             raise LeaseLost(run_id)
         if cur_turn != str(turn) or phase != "model":
             return None  # cancelled meanwhile
@@ -271,7 +280,7 @@ class Runner:
         assistant: dict[str, Any] = {"role": "assistant", "content": completion.content}
         fields: list[str] = []
         if calls:
-            assistant["tool_calls"], fields = self._plan_calls(turn + 1, calls)
+            assistant["tool_calls"], fields = self._plan_calls(turn + 1, calls, k.shard_of(run_id))
             if assistant["content"] is None:
                 assistant["content"] = ""  # Ollama refuses a null content in the history
         final, truncated = _final_text(completion)
@@ -288,9 +297,9 @@ class Runner:
                 k.run(run_id),
                 k.history(run_id),
                 k.turn(run_id, turn + 1),
-                k.events(),
-                k.finished(),
-                k.active(),
+                k.events(k.shard_of(run_id)),
+                k.finished(k.shard_of(run_id)),
+                k.active(k.shard_of(run_id)),
             ],
             args=[
                 fence,
@@ -318,29 +327,36 @@ class Runner:
         give_up = loop.time() + self.retry_budget
         attempt = 0
         while True:
+            started = loop.time()
             try:
                 # Not chat.completions.create(): its parameter transform walks every message
                 # in Python (~160 ms of event-loop time at 1,000 messages, measured); the
                 # history is already plain JSON. The body is read as plain JSON and checked
                 # here: a 200 is not always a completion.
                 body = await self._post_unless_lost(request, run_id, lost)
+                metrics.MODEL_SECONDS.observe(loop.time() - started)
                 if isinstance(body, str):
                     body = parse_text_body(body)
                 return parse_completion(body)
             except ValueError as exc:  # a body labelled JSON that is not JSON
+                metrics.MODEL_ERRORS.labels("final").inc()
                 raise ModelResponseError(
                     f"the model endpoint returned invalid JSON ({exc}); check OPENAI_BASE_URL"
                 ) from exc
             except ModelResponseError as exc:
+                metrics.MODEL_ERRORS.labels("retryable" if exc.retryable else "final").inc()
                 if not exc.retryable:
                     raise
                 error: Exception = exc
                 wait = retries.backoff(attempt)
             except openai.APIError as exc:
+                metrics.MODEL_SECONDS.observe(loop.time() - started)
+                metrics.MODEL_ERRORS.labels(_error_kind(exc)).inc()
                 if not retries.retryable(exc):
                     raise
                 error, wait = exc, retries.wait_for(exc, attempt)
             if attempt >= self.model_retries or loop.time() + wait > give_up:
+                metrics.MODEL_ERRORS.labels("exhausted").inc()
                 raise error
             if lost is not None and lost.is_set():
                 raise LeaseLost(run_id)
@@ -379,9 +395,10 @@ class Runner:
         return posting.result()
 
     def _plan_calls(
-        self, turn: int, calls: list[ToolCall]
+        self, turn: int, calls: list[ToolCall], shard: int
     ) -> tuple[list[dict[str, Any]], list[str]]:
-        """Validate each call and decide whether it needs a gate; the turn hash's fields."""
+        """Validate each call and decide whether it needs a gate (its gate id in the run's
+        ``shard``); the turn hash's fields."""
         wire: list[dict[str, Any]] = []
         fields: list[str] = []
         order: list[str] = []
@@ -423,7 +440,7 @@ class Runner:
                     record["args"] = args
                     if self.agent.requires_approval(t, args):
                         state = "needs_gate"
-                        record["gate_id"] = new_gate_id()
+                        record["gate_id"] = self.keys.new_gate_id(shard)
             fields += [f"call:{cid}", json.dumps(record), f"state:{cid}", state]
             if result is not None:
                 fields += [f"result:{cid}", result]
@@ -577,7 +594,7 @@ class Runner:
             "origin": json.loads(run.get("origin") or "{}"),
         }
         res = await self._complete(
-            keys=[self.keys.run(run_id), tkey, self.keys.events()],
+            keys=[self.keys.run(run_id), tkey, self.keys.events(self.keys.shard_of(run_id))],
             args=[fence, cid, output, json.dumps(event)[:-1]],
         )
         if res == "lost":
@@ -645,8 +662,8 @@ class Runner:
             keys=[
                 k.run(run_id),
                 k.turn(run_id, turn),
-                k.deadlines(),
-                k.events(),
+                k.deadlines(k.shard_of(run_id)),
+                k.events(k.shard_of(run_id)),
                 k.run_gates(run_id),
                 *gate_keys,
             ],
@@ -654,6 +671,8 @@ class Runner:
         )
         if res == "lost":
             raise LeaseLost(run_id)
+        if res == "ok":
+            metrics.GATES_OPENED.inc(len(calls))
         if res == "stale":
             log.warning(
                 "run %s: turn %s changed under this worker; gates not reopened", run_id, turn

@@ -98,7 +98,9 @@ return ARGV[2]
 # Take the lease of a run.
 # KEYS[1] run hash
 # ARGV[1] lease in ms, ARGV[2] worker name (for people reading the run)
-# Returns {'ok', fence} | {'busy', seconds left on the holder's lease} | {'missing'}.
+# Returns {'ok', fence, previous owner} | {'busy', seconds left on the holder's lease} |
+# {'missing'}. The previous owner is '' unless this is a takeover: another worker's lease
+# ran out without being released (released leases have lease_until 0).
 ACQUIRE_LEASE = (
     _HELPERS
     + """
@@ -106,10 +108,12 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
 local n = now()
 local held = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0')
 if held > n then return {'busy', string.format('%.3f', held - n)} end
+local before = redis.call('HGET', KEYS[1], 'lease_owner') or ''
+if held <= 0 or before == ARGV[2] then before = '' end
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 redis.call('HSET', KEYS[1], 'lease_until', string.format('%.6f', n + tonumber(ARGV[1]) / 1000),
   'lease_owner', ARGV[2])
-return {'ok', tostring(fence)}
+return {'ok', tostring(fence), before}
 """
 )
 
@@ -123,6 +127,21 @@ redis.call('HSET', KEYS[1], 'lease_until', string.format('%.6f', now() + tonumbe
 return 1
 """
 )
+
+# What a model call needs, in one read: the lease as it stands (by the Redis clock) and the
+# history. A worker paused before this point (and taken over) stops here instead of paying
+# for a model call on a stale history. Read-only. (A script, not MULTI with TIME: Redis
+# Cluster refuses a keyless command in a transaction.)
+# KEYS[1] run hash, KEYS[2] history list
+# Returns {fence, lease_until, turn, phase, now (seconds, as a string), message...}.
+READ_FOR_MODEL = """
+local h = redis.call('HMGET', KEYS[1], 'fence', 'lease_until', 'turn', 'phase')
+local t = redis.call('TIME')
+local out = {h[1] or '', h[2] or '0', h[3] or '', h[4] or '', t[1] .. '.' .. string.format('%06d', t[2])}
+local msgs = redis.call('LRANGE', KEYS[2], 0, -1)
+for i = 1, #msgs do out[i + 5] = msgs[i] end
+return out
+"""
 
 # Give the lease back (only its holder can).
 # KEYS[1] run hash; ARGV[1] fence. Returns 1 if released.

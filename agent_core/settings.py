@@ -23,6 +23,17 @@ HELP: dict[str, str] = {
         "unix://); `make run` starts a local one when REDIS_URL is unset"
     ),
     "KEY_PREFIX": "the prefix of every Redis key: letters, digits, _ . -",
+    "SHARDS": (
+        "how many shards runs are spread over, 1 to 1296; fixed for a deployment (every "
+        "process must agree, and run and gate ids encode it)"
+    ),
+    "DECISION_REPLICAS": (
+        "the replicas a decision must reach (WAIT) before the click is acknowledged; 0 on a "
+        "Redis without replicas, 1 or more with replicas (a failover then loses no decision)"
+    ),
+    "REDIS_CLUSTER": (
+        "true to use redis-py's Redis Cluster client; unset detects a cluster at start"
+    ),
     "OPENAI_API_KEY": (
         "the key of your model server: an OpenAI key from "
         "https://platform.openai.com/api-keys, or any non-empty value for a local server "
@@ -47,6 +58,8 @@ HELP: dict[str, str] = {
     "MAX_CALLS_PER_TURN": "the tool calls one model turn may make, 1 to 1000",
     "STUCK_RUN_AFTER": "the seconds without progress before a stuck run is repaired",
     "LOG_LEVEL": "the level of the logs",
+    "METRICS_PORT": "the port of the worker's GET /metrics (Prometheus); 0 serves none",
+    "METRICS_HOST": "the address the worker's /metrics listens on",
 }
 
 
@@ -60,6 +73,9 @@ class Settings(BaseSettings):
 
     redis_url: str = Field(validation_alias="REDIS_URL")
     key_prefix: str = Field("agw", validation_alias="KEY_PREFIX", pattern=r"^[A-Za-z0-9_.-]+$")
+    shards: int = Field(16, validation_alias="SHARDS", ge=1, le=1296)
+    redis_cluster: bool | None = Field(None, validation_alias="REDIS_CLUSTER")
+    decision_replicas: int = Field(0, validation_alias="DECISION_REPLICAS", ge=0, le=10)
     openai_api_key: SecretStr | None = Field(None, validation_alias="OPENAI_API_KEY")
     openai_base_url: str | None = Field(None, validation_alias="OPENAI_BASE_URL")
     openai_model: str = Field("gpt-4o-mini", validation_alias="OPENAI_MODEL", min_length=1)
@@ -78,6 +94,8 @@ class Settings(BaseSettings):
     max_calls_per_turn: int = Field(64, validation_alias="MAX_CALLS_PER_TURN", ge=1, le=1000)
     stuck_run_after: float = Field(120.0, validation_alias="STUCK_RUN_AFTER", gt=0)
     log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
+    metrics_port: int = Field(0, validation_alias="METRICS_PORT", ge=0, le=65535)
+    metrics_host: str = Field("127.0.0.1", validation_alias="METRICS_HOST", min_length=1)
 
     @field_validator("redis_url")
     @classmethod

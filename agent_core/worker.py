@@ -17,19 +17,20 @@ import secrets
 import signal
 import socket
 
+from aiohttp import web
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from . import scripts
+from . import metrics, scripts
 from .agent import Agent, load_agent
-from .connections import create_redis, redacted
+from .connections import connect_redis, redacted
 from .exceptions import ConfigError, GateNotFound, LeaseLost
 from .gateway import Gateway, valid_run_id
 from .keys import Keys
 from .runner import Runner
 from .settings import Settings, exit_on_config_error, importable_from_cwd
-from .streams import StreamConsumer, StreamMessage
+from .streams import StreamConsumer, StreamMessage, is_cluster, stream_groups
 from .trimmer import forget_dead_consumers, trim_events
 
 log = logging.getLogger("agent_core.worker")
@@ -63,10 +64,14 @@ class Worker:
         self.redis = redis
         self.agent = agent
         self.settings = settings
-        self.keys = Keys(settings.key_prefix)
+        self.keys = Keys(settings.key_prefix, settings.shards)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.gateway = Gateway(
-            redis, self.keys, agent_name=agent.name, events_maxlen=settings.events_maxlen
+            redis,
+            self.keys,
+            agent_name=agent.name,
+            events_maxlen=settings.events_maxlen,
+            decision_replicas=settings.decision_replicas,
         )
         self.runner = Runner(
             redis,
@@ -83,16 +88,23 @@ class Worker:
         )
         lease_ms = int(settings.worker_lease * 1000)
         self.lease_ms = lease_ms
-        self.jobs = StreamConsumer(
-            redis,
-            self.keys.jobs(),
-            JOBS_GROUP,
-            self.name,
-            dead_stream=self.keys.dead_jobs(),
-            claim_idle_ms=lease_ms,
-            max_deliveries=settings.job_max_deliveries,
-            delete_acked=True,
-        )
+        keys = self.keys
+        # One reader for every shard's jobs on a single Redis node, one per shard on Redis
+        # Cluster; each blocks on its own connection and they share the concurrency slots.
+        self.readers = [
+            StreamConsumer(
+                redis,
+                streams,
+                JOBS_GROUP,
+                self.name,
+                dead_stream=lambda stream: keys.dead_jobs(keys.shard_of_stream(stream)),
+                claim_idle_ms=lease_ms,
+                max_deliveries=settings.job_max_deliveries,
+                delete_acked=True,
+            )
+            for streams in stream_groups(redis, [keys.jobs(s) for s in keys.all_shards()])
+        ]
+        self.max_deliveries = settings.job_max_deliveries
         self._acquire_lease = redis.register_script(scripts.ACQUIRE_LEASE)
         self._renew = redis.register_script(scripts.RENEW_LEASE)
         self._release = redis.register_script(scripts.RELEASE_LEASE)
@@ -104,41 +116,67 @@ class Worker:
 
     async def run(self) -> None:
         """Serve until :meth:`stop`; in-flight jobs get a short grace period."""
-        log.info("worker %s serving agent %r", self.name, self.agent.name)
-        sweeper = asyncio.create_task(self._sweep_forever(), name="sweeper")
-        consumer = asyncio.create_task(self._consume_forever(), name="jobs")
+        log.info(
+            "worker %s serving agent %r (%s, %d shards)",
+            self.name,
+            self.agent.name,
+            "Redis Cluster" if is_cluster(self.redis) else "one Redis",
+            self.keys.shards,
+        )
+        exporter = await self._serve_metrics()
+        tasks = [asyncio.create_task(self._sweep_forever(), name="sweeper")]
+        tasks += [
+            asyncio.create_task(self._consume_forever(reader), name=f"jobs-{i}")
+            for i, reader in enumerate(self.readers)
+        ]
         stop = asyncio.create_task(self.stopping.wait())
         try:
-            await asyncio.wait({stop, consumer, sweeper}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (consumer, sweeper):
+            await asyncio.wait({stop, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+            for task in tasks:
                 if task.done() and not task.cancelled() and task.exception():
                     raise task.exception()  # type: ignore[misc]
         finally:
             stop.cancel()
             # A job delivered to a read cancelled here stays pending and is claimed by
             # another worker after WORKER_LEASE: nothing is lost.
-            for task in (consumer, sweeper):
+            for task in tasks:
                 task.cancel()
-            for task in (consumer, sweeper):
+            for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             if self._inflight:
                 _done, pending = await asyncio.wait(self._inflight, timeout=5)
                 for t in pending:  # not acknowledged: another worker resumes them
                     t.cancel()
+            if exporter is not None:
+                await exporter.cleanup()
+
+    async def _serve_metrics(self) -> web.AppRunner | None:
+        """``GET /metrics`` on METRICS_HOST:METRICS_PORT, when the port is set."""
+        host, port = self.settings.metrics_host, self.settings.metrics_port
+        if not port:
+            return None
+        try:
+            runner = await metrics.serve(self.redis, self.keys, host, port)
+        except OSError as exc:
+            raise ConfigError(
+                f"METRICS_PORT: cannot listen on {host}:{port} ({exc.strerror or exc})"
+            ) from None
+        log.info("metrics on http://%s:%d%s", host, port, metrics.METRICS_PATH)
+        return runner
 
     def stop(self) -> None:
         """Ask :meth:`run` to return (in-flight jobs get a short grace period)."""
         self.stopping.set()
 
     # --- jobs -------------------------------------------------------------------------
-    async def _consume_forever(self) -> None:
+    async def _consume_forever(self, reader: StreamConsumer) -> None:
         backoff = 0.1
         while not self.stopping.is_set():
             await self._slots.acquire()
             try:
                 free = self.settings.worker_concurrency - len(self._inflight)
-                msgs = await self.jobs.read(count=min(free, 50), block_ms=1000)
+                msgs = await reader.read(count=max(min(free, 50), 1), block_ms=1000)
                 backoff = 0.1
             except (RedisError, OSError) as exc:
                 self._slots.release()
@@ -148,13 +186,23 @@ class Worker:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
+            except Exception:
+                # Not Redis' answer but the client's state (redis-py's cluster client can
+                # close a connection under a blocked read while it follows a slot move).
+                # The reader must outlive it: whatever it had read stays pending, and is
+                # claimed again after WORKER_LEASE.
+                self._slots.release()
+                log.exception("jobs: reading failed; retrying in %.1fs", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
             if not msgs:
                 self._slots.release()
                 continue
             for i, msg in enumerate(msgs):
                 if i > 0:
                     await self._slots.acquire()
-                task = asyncio.create_task(self._handle(msg))
+                task = asyncio.create_task(self._handle(reader, msg))
                 self._inflight.add(task)
                 task.add_done_callback(self._done)
 
@@ -162,26 +210,31 @@ class Worker:
         self._inflight.discard(task)
         self._slots.release()
 
-    async def _handle(self, msg: StreamMessage) -> None:
+    async def _handle(self, reader: StreamConsumer, msg: StreamMessage) -> None:
         run_id = msg.fields.get("run_id", "")
         try:
-            if not valid_run_id(run_id) or msg.fields.get("type") not in ("start", "resume"):
+            if (
+                not valid_run_id(run_id, self.keys)
+                or self.keys.jobs(self.keys.shard_of(run_id)) != msg.stream
+                or msg.fields.get("type") not in ("start", "resume")
+            ):
                 log.error("malformed job %s dead-lettered", msg.id)
-                await self.jobs.dead_letter(msg, "malformed job")
+                await reader.dead_letter(msg, "malformed job")
+                metrics.DEAD_LETTERS.labels("malformed").inc()
                 return
             fence = await self._acquire(run_id)
             if fence is None:
-                await self.jobs.ack(msg.id)
+                await reader.ack(msg)
                 log.warning("job %s for unknown run %s ignored", msg.id, run_id)
                 return
             if fence == "busy":
                 # Another worker advances this run. Waiting for it is not a failure: the job
                 # goes back to the end of the stream as a new entry (delivery count reset),
                 # and whoever reads it next finds the run's state then.
-                await self._requeue(keys=[self.keys.jobs()], args=[JOBS_GROUP, msg.id, *_flat(msg)])
+                await self._requeue(keys=[msg.stream], args=[JOBS_GROUP, msg.id, *_flat(msg)])
                 log.info("run %s is busy elsewhere; job %s requeued", run_id, msg.id)
                 return
-            await self._advance(run_id, fence, msg)
+            await self._advance(reader, run_id, fence, msg)
         except asyncio.CancelledError:
             raise
         except LeaseLost:
@@ -198,24 +251,27 @@ class Worker:
             # dead-lettered after JOB_MAX_DELIVERIES attempts.
             log.exception("run %s: job %s failed", run_id, msg.id)
 
-    async def _advance(self, run_id: str, fence: str, msg: StreamMessage) -> None:
+    async def _advance(
+        self, reader: StreamConsumer, run_id: str, fence: str, msg: StreamMessage
+    ) -> None:
         lost = asyncio.Event()
-        heartbeat = asyncio.create_task(self._heartbeat(run_id, fence, msg, lost))
+        heartbeat = asyncio.create_task(self._heartbeat(reader, run_id, fence, msg, lost))
         finished = False
         try:
-            if msg.deliveries > self.jobs.max_deliveries:
+            if msg.deliveries > self.max_deliveries:
                 error = (
                     f"the worker failed to process this run {msg.deliveries - 1} times "
                     "(crash or error each time); the job was moved to the dead-letter stream"
                 )
                 await self.runner.fail(run_id, error, fence)
-                await self.jobs.dead_letter(msg, error)
+                await reader.dead_letter(msg, error)
+                metrics.DEAD_LETTERS.labels("too_many_deliveries").inc()
                 log.error("run %s: job %s dead-lettered", run_id, msg.id)
             else:
                 await self.runner.advance(run_id, fence, lost)
             heartbeat.cancel()
             if await self._finish_job(
-                keys=[self.keys.jobs(), self.keys.run(run_id)],
+                keys=[msg.stream, self.keys.run(run_id)],
                 args=[JOBS_GROUP, msg.id, fence],
             ):
                 finished = True
@@ -239,6 +295,9 @@ class Worker:
         for attempt in range(8):
             res = await self._acquire_lease(keys=[key], args=[self.lease_ms, self.name])
             if res[0] == "ok":
+                if len(res) > 2 and res[2]:
+                    metrics.TAKEOVERS.inc()
+                    log.info("run %s: taken over from %s, whose lease ran out", run_id, res[2])
                 return str(res[1])
             if res[0] == "missing":
                 return None
@@ -246,7 +305,12 @@ class Worker:
         return "busy"
 
     async def _heartbeat(
-        self, run_id: str, fence: str, msg: StreamMessage, lost: asyncio.Event
+        self,
+        reader: StreamConsumer,
+        run_id: str,
+        fence: str,
+        msg: StreamMessage,
+        lost: asyncio.Event,
     ) -> None:
         while True:
             await asyncio.sleep(self.lease_ms / 3000)
@@ -255,8 +319,8 @@ class Worker:
                     lost.set()
                     log.warning("run %s: lease lost (renewal refused); stopping", run_id)
                     return
-                await self.jobs.touch(msg.id)
-            except (RedisError, OSError) as exc:
+                await reader.touch(msg)
+            except Exception as exc:  # Redis, or the client's state: the next beat retries
                 log.warning("run %s: heartbeat failed (%s)", run_id, type(exc).__name__)
 
     # --- expiry -----------------------------------------------------------------------
@@ -279,7 +343,7 @@ class Worker:
                 expired = await self.sweep()
                 due, next_in = await self.gateway.due_gates(limit=1)
                 wait = 0.0 if (expired and due) else min(next_in or interval, interval)
-            except (RedisError, OSError) as exc:
+            except Exception as exc:  # Redis, or the client's state: the sweeper outlives it
                 log.warning("sweeper: Redis unavailable (%s)", type(exc).__name__)
                 wait = interval
             with contextlib.suppress(TimeoutError):
@@ -294,9 +358,10 @@ class Worker:
                 run_id,
                 self.settings.stuck_run_after,
             )
-        await trim_events(self.redis, self.keys.events(), self.settings.events_maxlen)
-        for stream in (self.keys.events(), self.keys.jobs()):
-            await forget_dead_consumers(self.redis, stream)
+        for shard in self.keys.all_shards():
+            await trim_events(self.redis, self.keys.events(shard), self.settings.events_maxlen)
+            for stream in (self.keys.events(shard), self.keys.jobs(shard)):
+                await forget_dead_consumers(self.redis, stream)
 
     async def sweep(self, limit: int = 100) -> int:
         """Expire every overdue gate (several workers may sweep at once); how many moved."""
@@ -306,7 +371,8 @@ class Worker:
             try:
                 res = await self.gateway.expire(gate_id)
             except GateNotFound:
-                await self.redis.zrem(self.keys.deadlines(), gate_id)
+                if self.keys.owns(gate_id):
+                    await self.redis.zrem(self.keys.deadlines(self.keys.shard_of(gate_id)), gate_id)
                 continue
             if res is not None and res.applied:
                 moved += 1
@@ -334,7 +400,7 @@ async def run_worker(
     settings.require_openai()
     if agent is None:
         agent = load_agent(settings.agent)
-    redis = create_redis(settings.redis_url)
+    redis = await connect_redis(settings.redis_url, settings.redis_cluster)
     try:
         try:
             await redis.ping()

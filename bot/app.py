@@ -10,30 +10,75 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from slack_bolt.async_app import AsyncApp
+from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.async_handler import RetryState
 from slack_sdk.http_retry.builtin_async_handlers import (
     AsyncConnectionErrorRetryHandler,
     AsyncRateLimitErrorRetryHandler,
 )
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.async_slack_response import AsyncSlackResponse
+
+from agent_core import metrics
 
 from . import actions, commands, quiet
 from .context import BotContext
 from .ports import GatewayLike
+from .publisher import slack_error
 from .settings import BotSettings
 
 log = logging.getLogger(__name__)
 
 
+class MeteredWebClient(AsyncWebClient):
+    """The Web API client, counting calls and failures (``agw_slack_api_*``)."""
+
+    async def api_call(self, api_method: str, **kwargs: Any) -> AsyncSlackResponse:
+        method = metrics.label(api_method)
+        metrics.SLACK_CALLS.labels(method).inc()
+        try:
+            return await super().api_call(api_method, **kwargs)
+        except SlackApiError as exc:
+            metrics.SLACK_ERRORS.labels(method, metrics.label(slack_error(exc))).inc()
+            raise
+        except Exception as exc:
+            metrics.SLACK_ERRORS.labels(method, type(exc).__name__).inc()
+            raise
+
+
+class MeteredRateLimitHandler(AsyncRateLimitErrorRetryHandler):
+    """slack_sdk's retry on 429, counting every 429 (``agw_slack_api_rate_limited_total``),
+    the retried ones too."""
+
+    async def can_retry_async(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        # With an error, `response` is the previous attempt's, already counted.
+        if error is None and response is not None and response.status_code == 429:
+            method = request.url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+            metrics.SLACK_RATE_LIMITED.labels(metrics.label(method)).inc()
+        return await super().can_retry_async(
+            state=state, request=request, response=response, error=error
+        )
+
+
 def make_web_client(settings: BotSettings, timeout: int = 15) -> AsyncWebClient:
-    """The Web API client: SLACK_API_URL, retries on connection errors and on 429."""
-    return AsyncWebClient(
+    """The Web API client: SLACK_API_URL, retries on connection errors and on 429, metered."""
+    return MeteredWebClient(
         token=settings.slack_bot_token.get_secret_value(),
         base_url=settings.slack_api_url,
         timeout=timeout,
         # Passing retry_handlers replaces slack_sdk's defaults, so the connection handler is listed too.
         retry_handlers=[
             AsyncConnectionErrorRetryHandler(max_retry_count=2),
-            AsyncRateLimitErrorRetryHandler(max_retry_count=settings.slack_max_retries),
+            MeteredRateLimitHandler(max_retry_count=settings.slack_max_retries),
         ],
     )
 

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from agent_core.models import Event, EventType, GateStatus
 
 from . import cards
-from .ports import GatewayLike
+from .ports import EventConsumerLike, GatewayLike
 from .publisher import Publisher, TransientSlackError
 from .store import LockBusy, Store
 
@@ -57,9 +57,21 @@ class Notifier:
         self.handled = 0
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Read and handle events until ``stop`` is set (or the task is cancelled)."""
+        """Read and handle events until ``stop`` is set (or the task is cancelled): one loop
+        per reader (one in all on a single Redis node, one per shard on Redis Cluster)."""
         stop = stop or asyncio.Event()
-        source = self.gateway.event_consumer(group=self.group, consumer=self.consumer)
+        sources = self.gateway.event_consumers(group=self.group, consumer=self.consumer)
+        loops = [asyncio.create_task(self._loop(source, stop)) for source in sources]
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for task in loops:
+                task.cancel()
+            for task in loops:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def _loop(self, source: EventConsumerLike, stop: asyncio.Event) -> None:
         stopping = asyncio.create_task(stop.wait())
         backoff = 0.5
         try:
@@ -77,7 +89,7 @@ class Notifier:
                         break
                 try:
                     events = reading.result()
-                except (RedisError, OSError) as exc:
+                except Exception as exc:  # Redis, or the client's state: the loop outlives it
                     log.warning(
                         "reading events failed (%s); retrying in %.1f s",
                         type(exc).__name__,

@@ -5,6 +5,7 @@ Keeping the list here makes the coupling explicit; ``agent_core.Gateway`` satisf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from agent_core.models import DecideResult, Decision, Event, Gate, Run
@@ -51,3 +52,5 @@ class GatewayLike(Protocol):
     async def retry_run(self, run_id: str, by: str) -> Run: ...
 
     def event_consumer(self, group: str, consumer: str) -> EventConsumerLike: ...
+
+    def event_consumers(self, group: str, consumer: str) -> Sequence[EventConsumerLike]: ...

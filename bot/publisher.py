@@ -113,7 +113,7 @@ class Publisher:
         # carried out whose answer was lost would be posted twice, and the first card would
         # keep live buttons. The event is retried instead, and the retry adopts the card
         # (see the "posting" mark).
-        self._poster = AsyncWebClient(
+        self._poster = type(client)(
             token=client.token,
             base_url=client.base_url,
             timeout=client.timeout,

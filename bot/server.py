@@ -25,10 +25,11 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent_core import ConfigError, Gateway, Keys, Settings, create_redis
+from agent_core import ConfigError, Gateway, Keys, Settings, metrics
 from agent_core.agent import load_agent
-from agent_core.connections import redacted
+from agent_core.connections import connect_redis, redacted
 from agent_core.settings import exit_on_config_error, importable_from_cwd
+from agent_core.streams import is_cluster
 
 from .app import create_app, make_web_client
 from .context import BotContext
@@ -46,8 +47,11 @@ HEALTH_PATH = "/healthz"
 MAX_BODY_BYTES = 1024 * 1024
 
 
-def build_web_app(bolt: AsyncApp, settings: BotSettings, redis: aioredis.Redis) -> web.Application:
-    """The aiohttp application: ``POST /slack/events`` (HTTP mode) and ``GET /healthz``."""
+def build_web_app(
+    bolt: AsyncApp, settings: BotSettings, redis: aioredis.Redis, keys: Keys | None = None
+) -> web.Application:
+    """The aiohttp application: ``POST /slack/events`` (HTTP mode), ``GET /healthz`` and
+    ``GET /metrics`` (with the job gauges when ``keys`` are given)."""
     web_app = web.Application(client_max_size=MAX_BODY_BYTES)
     secret = settings.slack_signing_secret
     secret_value = secret.get_secret_value() if secret is not None else ""
@@ -100,6 +104,7 @@ def build_web_app(bolt: AsyncApp, settings: BotSettings, redis: aioredis.Redis) 
     if verifier is not None and not settings.socket_mode:
         web_app.router.add_post(EVENTS_PATH, slack_events)
     web_app.router.add_get(HEALTH_PATH, healthz)
+    web_app.router.add_get(metrics.METRICS_PATH, metrics.handler(redis, keys))
     return web_app
 
 
@@ -293,7 +298,7 @@ class BotServer:
             )
             self.client.session = self._session
         self._runner = web.AppRunner(
-            build_web_app(self.app, self.settings, self.redis),
+            build_web_app(self.app, self.settings, self.redis, self._keys()),
             access_log=None,
             handle_signals=False,
         )
@@ -315,6 +320,11 @@ class BotServer:
                 self.notifier.run(self._stop), name="notifier"
             )
         return self
+
+    def _keys(self) -> Keys | None:
+        # GatewayLike does not promise key names; agent_core's Gateway has them.
+        keys = getattr(self.gateway, "keys", None)
+        return keys if isinstance(keys, Keys) else None
 
     async def stop(self) -> None:
         """Stop taking requests, finish acknowledged work, then stop the notifier."""
@@ -397,7 +407,7 @@ async def check_slack(settings: BotSettings, client: AsyncWebClient) -> None:
 
 async def serve(settings: BotSettings, core: Settings) -> None:
     agent = load_agent(core.agent)
-    redis = create_redis(core.redis_url)
+    redis = await connect_redis(core.redis_url, core.redis_cluster)
     try:
         await redis.ping()
     except (RedisError, OSError) as exc:
@@ -406,7 +416,11 @@ async def serve(settings: BotSettings, core: Settings) -> None:
             f"REDIS_URL: cannot reach Redis at {redacted(core.redis_url)} ({type(exc).__name__})"
         ) from None
     gateway = Gateway(
-        redis, Keys(core.key_prefix), agent_name=agent.name, events_maxlen=core.events_maxlen
+        redis,
+        Keys(core.key_prefix, core.shards),
+        agent_name=agent.name,
+        events_maxlen=core.events_maxlen,
+        decision_replicas=core.decision_replicas,
     )
     server = BotServer(settings, redis, gateway)
     try:
@@ -416,7 +430,13 @@ async def serve(settings: BotSettings, core: Settings) -> None:
         raise
     await server.start()
     mode = "Socket Mode" if settings.socket_mode else f"HTTP on :{server.port}{EVENTS_PATH}"
-    log.info("web ready (%s, command %s, agent %s)", mode, settings.slash_command, agent.name)
+    log.info(
+        "web ready (%s, command %s, agent %s, %s)",
+        mode,
+        settings.slash_command,
+        agent.name,
+        "Redis Cluster" if is_cluster(redis) else "one Redis",
+    )
     if not server.context.approvers.configured:
         log.warning(
             "APPROVERS is empty: nobody can approve tool calls (authorization fails closed)"

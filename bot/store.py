@@ -90,8 +90,12 @@ class Store:
         self._save_card = redis.register_script(SAVE_CARD)
 
     # --- cards ------------------------------------------------------------------------
+    def _shard(self, ident: str) -> int | None:
+        """The shard of a run or gate id (its records live beside it), else None."""
+        return self.keys.shard_of(ident) if self.keys.owns(ident) else None
+
     def card_key(self, gate_id: str) -> str:
-        return self.keys.ext(CARD_NS, gate_id)
+        return self.keys.ext(CARD_NS, gate_id, self._shard(gate_id))
 
     async def card(self, gate_id: str) -> CardRecord:
         h = await self._hgetall(self.card_key(gate_id))
@@ -162,7 +166,7 @@ class Store:
 
     # --- runs -------------------------------------------------------------------------
     def run_key(self, run_id: str) -> str:
-        return self.keys.ext(RUN_NS, run_id)
+        return self.keys.ext(RUN_NS, run_id, self._shard(run_id))
 
     async def run(self, run_id: str) -> RunRecord:
         h = await self._hgetall(self.run_key(run_id))
@@ -182,7 +186,7 @@ class Store:
 
     async def first_time(self, namespace: str, ident: str, ttl_seconds: int = 600) -> bool:
         """True the first time ``ident`` is seen in ``namespace`` within ``ttl_seconds``."""
-        key = self.keys.ext(namespace, ident)
+        key = self.keys.ext(namespace, ident, self.keys.shard_for(ident))
         return bool(await self.redis.set(key, "1", nx=True, ex=ttl_seconds))
 
     # --- locks ------------------------------------------------------------------------
@@ -191,7 +195,8 @@ class Store:
         """A short mutual exclusion across replicas (SET NX PX, renewed while held, released
         only by its owner). :class:`LockBusy` if another holder keeps it past ``wait_seconds``.
         """
-        key = self.keys.ext(LOCK_NS, name)
+        # "gate:<id>" and "run:<id>" locks live in that gate's or run's shard.
+        key = self.keys.ext(LOCK_NS, name, self._shard(name.partition(":")[2]))
         token = secrets.token_hex(8)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + wait_seconds

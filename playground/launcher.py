@@ -28,8 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from agent_core import create_redis
-from agent_core.connections import redacted
+from agent_core.connections import connect_redis, redacted
 from agent_core.exceptions import ConfigError
 
 from . import people
@@ -117,7 +116,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 async def launch(settings: LaunchSettings) -> int:
     """Run the playground and its two subprocesses until a signal or a subprocess exit."""
-    redis = create_redis(settings.redis_url)
+    redis = await connect_redis(settings.redis_url)
     try:
         await redis.ping()
     except Exception as exc:
@@ -155,7 +154,10 @@ async def launch(settings: LaunchSettings) -> int:
         bot_events=bot_events(manifest),
     )
     pg = Playground(
-        Store(redis, f"{settings.key_prefix}:playground"), Sender(events_url, secret), token, info
+        Store(redis, "{" + settings.key_prefix + ":playground}"),
+        Sender(events_url, secret),
+        token,
+        info,
     )
     runner = web.AppRunner(pg.app(), access_log=None, handle_signals=False)
     await runner.setup()

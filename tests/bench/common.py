@@ -8,14 +8,17 @@ Measuring rules used everywhere:
   server-side ``INFO`` deltas (``total_net_input_bytes``, ``total_net_output_bytes``, the sum
   of ``INFO commandstats`` calls) are taken around the same windows as a cross-check and for
   bytes *read*, with the cost of the ``INFO`` call itself calibrated and subtracted.
-* **The model round trip** is timed around ``client.chat.completions.create`` of the very
-  ``AsyncOpenAI`` object each framework uses (request building, HTTP to the fake, the fake's
-  own work, response parsing). It is reported separately and subtracted from the timings.
+* **The model call** is timed where each framework calls its model (ours: ``client.post``
+  of the worker's ``AsyncOpenAI`` client: request building, HTTP to the fake, the fake's own
+  work, response parsing; a peer: its stub model). It is reported separately and subtracted
+  from the timings; the part of ours that builds (encodes) the request body is reported too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import functools
 import json
 import os
 import platform
@@ -23,7 +26,7 @@ import random
 import statistics
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -175,29 +178,65 @@ class ServerProbe:
 
 # --------------------------------------------------------------------------- model timing
 @dataclass
-class ModelClock:
-    """Time spent inside ``chat.completions.create`` of one client: (start, end) pairs."""
+class ModelCall:
+    """One model call as its caller saw it: ``start`` → ``end``.
 
-    calls: list[tuple[float, float]] = field(default_factory=list)
+    For an ``AsyncOpenAI`` client, ``built`` is when openai-python had built the HTTP request
+    (options copied, body JSON-encoded), just before sending it; ``body_bytes`` its size.
+    """
+
+    start: float
+    end: float = 0.0
+    built: float | None = None
+    body_bytes: int = 0
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+    @property
+    def encode(self) -> float:
+        """Building the request body (0 for a stub model, which gets the list as it is)."""
+        return self.built - self.start if self.built is not None else 0.0
+
+
+@dataclass
+class ModelClock:
+    """Every model call of one framework, timed where the framework calls its model."""
+
+    calls: list[ModelCall] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[ModelCall]:
+        """Time a block as one model call (a stub model's body, a node's model call)."""
+        call = ModelCall(time.perf_counter())
+        try:
+            yield call
+        finally:
+            call.end = time.perf_counter()
+            self.calls.append(call)
 
     def wrap(self, client: AsyncOpenAI) -> AsyncOpenAI:
         """Time ``chat.completions.create`` and ``post("/chat/completions")`` (ours uses the
-        latter); a call inside the other is counted once."""
+        latter; a call inside the other is counted once), and when each request was built
+        (openai-python's ``_prepare_request`` hook, called with the encoded request)."""
         completions = client.chat.completions
         create: Callable[..., Awaitable[Any]] = completions.create
         post: Callable[..., Awaitable[Any]] = client.post
-        inside: contextvars.ContextVar[bool] = contextvars.ContextVar("inside", default=False)
+        prepare: Callable[[Any], Awaitable[None]] = client._prepare_request
+        current: contextvars.ContextVar[ModelCall | None] = contextvars.ContextVar(
+            "current", default=None
+        )
 
         async def timed(call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
-            if inside.get():
+            if current.get() is not None:
                 return await call(*args, **kwargs)
-            token = inside.set(True)
-            t0 = time.perf_counter()
-            try:
-                return await call(*args, **kwargs)
-            finally:
-                self.calls.append((t0, time.perf_counter()))
-                inside.reset(token)
+            with self.timing() as record:
+                token = current.set(record)
+                try:
+                    return await call(*args, **kwargs)
+                finally:
+                    current.reset(token)
 
         async def timed_create(*args: Any, **kwargs: Any) -> Any:
             return await timed(create, *args, **kwargs)
@@ -207,15 +246,34 @@ class ModelClock:
                 return await post(path, *args, **kwargs)
             return await timed(post, path, *args, **kwargs)
 
+        async def prepare_request(request: Any) -> None:
+            record = current.get()
+            if record is not None and record.built is None:
+                record.built = time.perf_counter()
+                record.body_bytes = len(request.content)
+            await prepare(request)
+
         completions.create = timed_create  # type: ignore[method-assign]
         client.post = timed_post  # type: ignore[method-assign]
+        client._prepare_request = prepare_request  # type: ignore[method-assign]
         return client
 
-    def within(self, a: float, b: float) -> list[tuple[float, float]]:
-        return [(s, e) for s, e in self.calls if s >= a and e <= b]
+    def within(self, a: float, b: float) -> list[ModelCall]:
+        return [c for c in self.calls if c.start >= a and c.end <= b]
 
     def time_within(self, a: float, b: float) -> float:
-        return sum(e - s for s, e in self.within(a, b))
+        return sum(c.seconds for c in self.within(a, b))
+
+
+# --------------------------------------------------------------------------- keys
+def each_shard(keys: Any, name: str, *args: Any) -> list[str]:
+    """Every shard's key of a per-shard stream or index (``keys.events(shard)``,
+    ``keys.user_runs(user, shard)``…), or the one key of a layout without shards."""
+    method = getattr(keys, name)
+    shards = getattr(keys, "all_shards", None)
+    if shards is None:
+        return [method(*args)]
+    return [method(*args, shard) for shard in shards()]
 
 
 # --------------------------------------------------------------------------- workload
@@ -227,20 +285,27 @@ _WORDS = (
 
 
 def prior_messages(n: int, seed: int = 7) -> list[dict[str, str]]:
-    """``n`` prior chat messages of ~200 characters, alternating assistant / user.
+    """``n`` prior chat messages of ~200 characters, alternating assistant / user (fresh
+    dicts on every call).
 
     They follow the run's first user message (the task), so with an even ``n`` the history
     ends with a user message and the model request is valid.
     """
+    return [{"role": role, "content": text} for role, text in _prior_texts(n, seed)]
+
+
+@functools.lru_cache(maxsize=16)
+def _prior_texts(n: int, seed: int) -> tuple[tuple[str, str], ...]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
         words: list[str] = []
-        while sum(len(w) + 1 for w in words) < 200:
+        length = 0
+        while length < 200:
             words.append(rng.choice(_WORDS))
-        text = " ".join(words)[:200]
-        out.append({"role": "assistant" if i % 2 == 0 else "user", "content": text})
-    return out
+            length += len(words[-1]) + 1
+        out.append(("assistant" if i % 2 == 0 else "user", " ".join(words)[:200]))
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- machine
@@ -287,7 +352,9 @@ def machine() -> dict[str, str]:
         "openai": _version("openai"),
         "openai-agents": _version("openai-agents"),
         "langgraph": _version("langgraph"),
-        "langchain-openai": _version("langchain-openai"),
+        "langchain-core": _version("langchain-core"),
+        "langgraph-checkpoint-redis": _version("langgraph-checkpoint-redis"),
+        "redisvl": _version("redisvl"),
     }
 
 

@@ -2,7 +2,8 @@
 
 Serves :class:`agent_core.testing.FakeOpenAI` (a real HTTP server speaking Chat Completions)
 scripted for every benchmark task: :data:`tests.bench.agent.TASK` (one gated call, then
-"Done.") and, for each history size given, :func:`task_for` with :func:`script_for`. It prints
+"Done.") and, for each history size given (user+assistant pairs), :func:`task_for` with
+:func:`script_for` (two gated calls, then "Done."). It prints
 ``PORT <n>`` on stdout when ready and serves until its standard input closes (the benchmark
 holds the pipe) or it gets SIGTERM; unexpected requests are reported on stderr at exit.
 
@@ -18,14 +19,14 @@ import threading
 
 from aiohttp import web
 
-from agent_core.testing import FakeOpenAI, Step, call, reply
+from agent_core.testing import FakeOpenAI, Step, call, calls, reply
 from tests.bench.agent import TASK
 
 MAX_REQUEST_BYTES = 64 * 2**20
 
 
 class BigFakeOpenAI(FakeOpenAI):
-    """FakeOpenAI accepting requests over aiohttp's default 1 MiB (5,000 messages are ~1.2 MB)."""
+    """FakeOpenAI accepting requests over aiohttp's default 1 MiB (5,000 pairs are ~2.4 MB)."""
 
     async def _start_site(self) -> None:
         app = web.Application(client_max_size=MAX_REQUEST_BYTES)
@@ -40,14 +41,19 @@ class BigFakeOpenAI(FakeOpenAI):
         self._port = int(runner.addresses[0][1])
 
 
+GATED_USERS = ("42", "43")  # the pause benchmark's turn calls delete_user twice
+
+
 def task_for(n: int) -> str:
-    """The task of the pause benchmark's run with ``n`` prior messages."""
-    return f"bench: delete user 42 (history {n})"
+    """The task of the pause benchmark's run with ``n`` prior user+assistant pairs."""
+    return f"bench: delete users 42 and 43 (history {n} pairs)"
 
 
 def script_for(n: int) -> list[Step]:
-    """Step i answers a request holding i assistant messages; the prior ones number n / 2."""
-    return [reply("filler")] * (n // 2) + [call("delete_user", {"user_id": "42"}), reply("Done.")]
+    """Step i answers a request holding i assistant messages: the n prior pairs hold n, so
+    step n is the turn with the two gated calls and step n + 1 the final answer."""
+    gated = calls([("delete_user", {"user_id": u}) for u in GATED_USERS])
+    return [reply("filler")] * n + [gated, reply("Done.")]
 
 
 def _wait_stdin_closed(stop: threading.Event) -> None:

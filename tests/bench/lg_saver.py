@@ -1,9 +1,9 @@
-"""A minimal LangGraph checkpointer on plain Redis (no RedisJSON, no RediSearch).
+"""A minimal LangGraph checkpointer on plain Redis (no RedisJSON, no RediSearch): the fallback.
 
-``langgraph-checkpoint-redis`` needs Redis Stack (RedisJSON and RediSearch 2.x), which this
-machine cannot run (Debian ships RediSearch 1.2 and no RedisJSON). This saver stands in for
-it so that LangGraph's interrupt / ``Command(resume=...)`` path can still be measured against
-the same plain redis-server. It follows the layout of LangGraph's own savers
+The pause benchmark runs LangGraph on ``langgraph-checkpoint-redis``'s real saver, on the Redis
+Stack server of :mod:`tests.bench.stack`. When Redis Stack cannot be prepared or started (the
+reason is reported), or with ``--stand-in``, LangGraph runs on this saver instead and its rows
+are labelled "[stand-in saver]". It follows the layout of LangGraph's own savers
 (``InMemorySaver``, the Postgres saver): one blob per *changed* channel version, the checkpoint
 without its channel values, and the pending writes per checkpoint. It is deliberately lean
 (one pipelined round trip per put, three per read), so it flatters LangGraph rather than

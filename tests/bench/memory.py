@@ -13,6 +13,7 @@ never decides, so every run stops at its gate. Figures:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from agent_core import Gateway, Keys, create_redis
 from tests.bench.agent import TASK
-from tests.bench.common import kb
+from tests.bench.common import each_shard, kb
 from tests.bench.procs import FakeModelProcess, Workers, rss_bytes
 from tests.bench.throughput import Driver
 from tests.redis_server import RedisServer
@@ -56,9 +58,12 @@ async def _wait_paused(redis: Redis, n: int, timeout: float) -> None:
     """Until n gates are pending and no job is waiting or in progress."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        gates = await redis.zcard(KEYS.deadlines())
+        gates = sum([await redis.zcard(k) for k in each_shard(KEYS, "deadlines")])
         if gates >= n:
-            info = await redis.xinfo_groups(KEYS.jobs())
+            info = []
+            for stream in each_shard(KEYS, "jobs"):
+                with contextlib.suppress(ResponseError):  # a shard's stream not made yet
+                    info += await redis.xinfo_groups(stream)
             if all(int(g.get("pending", 0)) == 0 and int(g.get("lag") or 0) == 0 for g in info):
                 return
         await asyncio.sleep(0.2)
@@ -108,8 +113,8 @@ async def run_memory_bench(
 
 
 async def _breakdown(redis: Redis, res: MemoryResult) -> None:
-    user_runs = KEYS.user_runs("U-bench")
-    run_id = (await redis.zrange(user_runs, 0, 0))[0]
+    user_runs = each_shard(KEYS, "user_runs", "U-bench")
+    run_id = next(iter([r for k in user_runs for r in await redis.zrange(k, 0, 0)]))
     gate_ids = list(await redis.smembers(KEYS.run_gates(run_id)))
     own = [
         ("run hash", KEYS.run(run_id)),
@@ -120,14 +125,14 @@ async def _breakdown(redis: Redis, res: MemoryResult) -> None:
     ]
     for label, key in own:
         res.per_run_keys.append((label, int(await redis.memory_usage(key, samples=0) or 0)))
-    shared = [
-        ("events stream (run.started, gate.opened)", KEYS.events()),
-        ("jobs stream (start jobs, acknowledged)", KEYS.jobs()),
-        ("deadlines sorted set", KEYS.deadlines()),
+    shared = [  # one key per shard (summed), or one key on a layout without shards
+        ("events stream (run.started, gate.opened)", each_shard(KEYS, "events")),
+        ("jobs stream (start jobs, acknowledged)", each_shard(KEYS, "jobs")),
+        ("deadlines sorted set", each_shard(KEYS, "deadlines")),
         ("user's runs sorted set", user_runs),
     ]
-    for label, key in shared:
-        size = int(await redis.memory_usage(key, samples=0) or 0)
+    for label, keys in shared:
+        size = sum([int(await redis.memory_usage(k, samples=0) or 0) for k in keys])
         res.shared_keys.append((label, size // res.runs))
 
 

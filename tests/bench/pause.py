@@ -1,32 +1,40 @@
-"""Item 1: pause and resume versus history length, ours against the OpenAI Agents SDK and LangGraph.
+"""Item 1: the full pause/resume cycle versus history length, ours against the OpenAI Agents
+SDK and LangGraph (with ``langgraph-checkpoint-redis``'s saver), in one process, on one Redis.
 
-One scenario for every framework, on the same redis-server and the same fake model
-(:class:`agent_core.testing.FakeOpenAI` in a process of its own, ``tests.bench.fake_model``):
+The scenario, the same for every system:
 
-    history = task (user) + N prior messages (~200 characters, assistant/user alternating)
-    model turn 1 → one call of ``delete_user`` (needs approval) → the run pauses, durably
-    a person approves → the tool starts → model turn 2 → "Done."
+    stored history = the task (user) + N prior user+assistant pairs of ~200 characters
+    model turn 1 → two calls of ``delete_user`` (each needs approval) → the run pauses, durably
+    both calls are approved → both tools run → model turn 2 → "Done."
 
-Windows timed on each repetition (``time.perf_counter``):
+Windows of each repetition (``time.perf_counter``):
 
-* ``prep``: turn start → the model request is made. Ours: the start job is put on the jobs
-  stream, a worker takes it, reads the run and its history. SDK: ``Runner.run`` converts
-  its input. LangGraph: ``ainvoke`` loads the checkpoint.
-* ``model``: the model round trip (inside ``chat.completions.create``): reported, never
-  counted as anyone's overhead.
-* ``pause``: the model's answer → the pause is durable. Ours: the worker's job is finished
-  (gate opened, run ``awaiting_approval``, job acknowledged, lease released). SDK:
-  ``RunState.to_json()`` is stored with ``SET``. LangGraph: ``ainvoke`` returned the
-  interrupt with ``durability="sync"``.
-* ``resume``: the decision is made → the approved tool starts. Ours: ``Gateway.decide`` (the
-  bot's side) + a worker's resume job. SDK: ``GET`` + ``RunState.from_json`` + ``approve`` +
-  ``Runner.run``. LangGraph: ``ainvoke(Command(resume="approve"))``.
-* ``finish``: tool start → run finished, minus the second model round trip.
+* ``pause``: model turn 1's answer received → the pause is durable. Ours: the worker's job is
+  finished (gates opened, run ``awaiting_approval``, job acknowledged, lease released). SDK:
+  ``RunState.to_json()`` stored with ``SET``. LangGraph: ``ainvoke`` returned both interrupts
+  (``durability="sync"``: the checkpoint and the interrupt writes are in Redis).
+* ``resume``: the first decision is made → the final answer, minus model turn 2. It holds
+  loading the history back from Redis for the model call, for everyone. Ours: two
+  ``Gateway.decide`` (the bot's calls) and the worker's resume job (lease, both tools, the
+  history read and decoded, the request built, the answer recorded, the job finished). SDK:
+  ``GET`` + ``RunState.from_json`` + two ``approve`` + ``Runner.run``. LangGraph:
+  ``ainvoke(Command(resume={both interrupt ids: "approve"}))``.
+* ``cycle`` = ``pause`` + ``resume``: the headline.
+* ``model``: each model call, timed where the framework calls its model, never counted in
+  anyone's windows. The peers' models are stubs receiving the message list in-process (no
+  HTTP, no request body). Ours is whatever our worker does: ``AsyncOpenAI.post`` to
+  :class:`agent_core.testing.FakeOpenAI` in a process of its own. Building that request
+  (openai-python copies the options and JSON-encodes the body) is work the peers never do
+  here: it is measured on its own (``encode``) and shown beside the headline, not in it.
+* ``prep`` (turn start → model call 1) and ``to_tool`` (first decision → first tool start)
+  are shown for reference.
 
-The frameworks run interleaved (the order rotates on every repetition) in one process;
-``gc.collect()`` runs between repetitions, outside the windows. Ours runs a real
-:class:`agent_core.worker.Worker` on the event loop of this process (the job path of
-production: jobs stream, consumer group, lease), with the production Redis client settings.
+The frameworks run interleaved (the order rotates on every repetition); ``gc.collect()`` runs
+between repetitions, outside the windows. Ours runs a real :class:`agent_core.worker.Worker`
+on this process's event loop, with the production Redis client (``create_redis``), and is
+driven only through public APIs: ``Gateway.start_run`` starts each run (the worker holds the
+delivered start job until the prior messages are appended to the run's history list, at
+``Keys.history``), ``Gateway.pending_gates`` and ``Gateway.decide`` decide.
 """
 
 from __future__ import annotations
@@ -37,17 +45,13 @@ import gc
 import json
 import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from openai import AsyncOpenAI
-from redis.asyncio import Redis
 
-from agent_core import Decision, Gateway, Keys, RunStatus, Settings, create_redis
-from agent_core.gateway import new_run_id
-from agent_core.streams import StreamMessage
+from agent_core import Decision, Gateway, RunStatus, Settings, create_redis
 from agent_core.worker import Worker
 from tests.bench import agent as bench_agent
 from tests.bench.common import (
@@ -59,57 +63,54 @@ from tests.bench.common import (
     kb,
     median,
     ms,
-    p99,
     prior_messages,
-    ratio,
 )
-from tests.bench.fake_model import task_for
+from tests.bench.fake_model import GATED_USERS, task_for
 from tests.bench.procs import FakeModelProcess
 
 API_KEY = "sk-bench-not-a-secret"
 MODEL = "fake-model"
 INSTRUCTIONS = "You are a benchmark agent."
-OURS, SDK, LANGGRAPH = "ours", "openai-agents", "langgraph*"
+OURS, SDK = "ours", "openai-agents"
+LG_MESSAGES, LG_DICTS = "langgraph (messages)", "langgraph (dicts)"
+STAND_IN = " [stand-in saver]"  # suffix of the LangGraph rows when Redis Stack cannot run
+TARGET_RATIO = 20.0  # issue 9: ours ≤ 1/20 of the best peer's full cycle
 
 
 @dataclass
 class Sample:
     framework: str
-    n: int
+    n: int  # prior user+assistant pairs
     prep: float
-    model: float
+    model: float  # both model calls
     pause: float
     resume: float
-    finish: float
-    pause_traffic: Traffic
-    resume_traffic: Traffic  # decision → tool start
-    cycle_traffic: Traffic  # decision → run finished
-    pause_server: ServerStats
-    resume_server: ServerStats  # decision → run finished
+    to_tool: float
+    encode: float  # ours: building the request body of model turn 2 (0 for the stubs)
+    body_bytes: int  # ours: size of that request body
+    pause_traffic: Traffic  # client side, turn start → paused
+    resume_traffic: Traffic  # client side, first decision → final answer
+    pause_server: ServerStats  # INFO, turn start → paused
+    resume_server: ServerStats  # INFO, first decision → final answer
 
     @property
-    def overhead(self) -> float:
-        """Pause + resume: the gateway's cost around one human decision."""
+    def cycle(self) -> float:
+        """Pause + resume through to the final answer, model calls excluded."""
         return self.pause + self.resume
-
-    @property
-    def total(self) -> float:
-        """Everything but the two model round trips."""
-        return self.prep + self.pause + self.resume + self.finish
 
 
 class ToolProbe:
-    """Timestamps the start of the gated tool, with the Redis traffic counters at that moment."""
+    """Timestamps the start of the first gated tool of a repetition."""
 
-    def __init__(self, traffic: Callable[[], Traffic]) -> None:
-        self.traffic = traffic
-        self.started: tuple[float, Traffic] | None = None
+    def __init__(self) -> None:
+        self.started: float | None = None
 
     def mark(self) -> None:
-        self.started = (time.perf_counter(), self.traffic())
+        if self.started is None:
+            self.started = time.perf_counter()
 
-    def take(self) -> tuple[float, Traffic]:
-        assert self.started is not None, "the tool did not start"
+    def take(self) -> float:
+        assert self.started is not None, "no tool started"
         started, self.started = self.started, None
         return started
 
@@ -127,24 +128,44 @@ class Framework:
 
     async def close(self) -> None: ...
 
-    def _split_model(self, t0: float, t1: float) -> tuple[float, float, float]:
-        calls = self.clock.within(t0, t1)
-        assert len(calls) == 1, f"{self.name}: {len(calls)} model calls in the pause window"
-        start, end = calls[0]
-        return start - t0, end - start, t1 - end
+    def _windows(
+        self, t0: float, t1: float, t2: float, t4: float
+    ) -> tuple[float, float, float, float, float]:
+        """(prep, pause, resume, to_tool, model) from the four marks and the model calls."""
+        first = self.clock.within(t0, t1)
+        second = self.clock.within(t2, t4)
+        assert len(first) == 1, f"{self.name}: {len(first)} model calls before the pause"
+        assert len(second) == 1, f"{self.name}: {len(second)} model calls in the resume"
+        t3 = self.tool.take()
+        return (
+            first[0].start - t0,
+            t1 - first[0].end,
+            t4 - t2 - second[0].seconds,
+            t3 - t2,
+            first[0].seconds + second[0].seconds,
+        )
+
+
+def history(n: int) -> list[dict[str, str]]:
+    """The stored history of a run with ``n`` prior pairs: the task, then the pairs."""
+    return [{"role": "user", "content": task_for(n)}, *prior_messages(2 * n)]
 
 
 # =========================================================================== ours
 class _BenchWorker(Worker):
-    """The real worker, telling the benchmark when each job is finished."""
+    """The real worker; it holds a delivered job while ``hold`` is clear and reports each
+    finished job."""
 
-    def __init__(self, *args: Any, jobs_done: asyncio.Queue[tuple[str, float]], **kw: Any) -> None:
+    def __init__(self, *args: Any, jobs_done: asyncio.Queue[float], **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.jobs_done = jobs_done
+        self.hold = asyncio.Event()
+        self.hold.set()
 
-    async def _handle(self, msg: StreamMessage) -> None:
-        await super()._handle(msg)
-        self.jobs_done.put_nowait((msg.fields.get("type", ""), time.perf_counter()))
+    async def _handle(self, *args: Any, **kwargs: Any) -> None:
+        await self.hold.wait()
+        await super()._handle(*args, **kwargs)
+        self.jobs_done.put_nowait(time.perf_counter())
 
 
 class Ours(Framework):
@@ -164,18 +185,16 @@ class Ours(Framework):
             WORKER_LEASE=600,
             SWEEP_INTERVAL=60,
         )
-        self.keys = Keys("bench")
         self.worker_traffic, self.bot_traffic = Traffic(), Traffic()
         self.worker_redis = count_traffic(create_redis(url), self.worker_traffic)
         self.bot_redis = count_traffic(create_redis(url), self.bot_traffic)
-        self.setup_redis = create_redis(url)  # not counted: preloading histories
-        self.gateway = Gateway(self.bot_redis, self.keys, agent_name=bench_agent.agent.name)
+        self.setup_redis = create_redis(url)  # not counted: appending the prior messages
         self.clock = ModelClock()
         self.client = self.clock.wrap(
             AsyncOpenAI(api_key=API_KEY, base_url=base_url, max_retries=0)
         )
-        self.jobs_done: asyncio.Queue[tuple[str, float]] = asyncio.Queue()
-        self.tool = ToolProbe(self.traffic)
+        self.jobs_done: asyncio.Queue[float] = asyncio.Queue()
+        self.tool = ToolProbe()
         self.worker = _BenchWorker(
             self.worker_redis,
             bench_agent.agent,
@@ -183,7 +202,10 @@ class Ours(Framework):
             self.settings,
             jobs_done=self.jobs_done,
         )
+        self.keys = self.worker.keys  # the deployment's key layout, as the worker has it
+        self.gateway = Gateway(self.bot_redis, self.keys, agent_name=bench_agent.agent.name)
         self._task: asyncio.Task[None] | None = None
+        self.history_bytes: dict[int, int] = {}
 
     def traffic(self) -> Traffic:
         return self.worker_traffic + self.bot_traffic
@@ -191,72 +213,47 @@ class Ours(Framework):
     async def setup(self) -> None:
         bench_agent.on_tool_start = self.tool.mark
         self._task = asyncio.create_task(self.worker.run())
-        # The preloaded run must look exactly like one made by Gateway.start_run.
-        real = await self.gateway.start_run(task_for(0), requested_by="U-bench")
-        await self._job_done()
-        mine = await self._create_run(0)
-        # The lease fields are the worker's (written when it takes a run), not start_run's.
-        lease = {"fence", "lease_until", "lease_owner"}
-        real_fields = set(await self.setup_redis.hkeys(self.keys.run(real.run_id))) - lease
-        my_fields = set(await self.setup_redis.hkeys(self.keys.run(mine))) - lease
-        assert my_fields == real_fields, f"run shape drifted: {my_fields ^ real_fields}"
-        await self.setup_redis.xadd(self.keys.jobs(), {"type": "start", "run_id": mine})
-        await self._job_done()
 
     async def _job_done(self) -> float:
-        _kind, t = await asyncio.wait_for(self.jobs_done.get(), 120)
+        t = await asyncio.wait_for(self.jobs_done.get(), 120)
         # Let the worker issue its next blocking XREADGROUP: it delivers the next job, so
         # each window holds exactly one.
         await asyncio.sleep(0.003)
         return t
 
-    async def _create_run(self, n: int) -> str:
-        """Gateway.start_run's writes, with n prior messages, without the start job."""
-        run_id = new_run_id()
-        now = time.time()
-        task = task_for(n)
-        k = self.keys
-        fields = {
-            "run_id": run_id,
-            "agent": bench_agent.agent.name,
-            "task": task,
-            "requested_by": "U-bench",
-            "origin": json.dumps({"channel": "C-bench"}),
-            "status": "queued",
-            "phase": "model",
-            "turn": 0,
-            "pending": 0,
-            "created_at": f"{now:.6f}",
-            "updated_at": f"{now:.6f}",
-        }
-        history = [json.dumps({"role": "user", "content": task})]
-        history += [json.dumps(m) for m in prior_messages(n)]
-        async with self.setup_redis.pipeline(transaction=True) as pipe:
-            pipe.hset(k.run(run_id), mapping=fields)
-            pipe.rpush(k.history(run_id), *history)
-            pipe.zadd(k.user_runs("U-bench"), {run_id: now})
-            pipe.zadd(k.active(), {run_id: now})
-            await pipe.execute()
-        return run_id
+    async def _new_run(self, n: int) -> str:
+        """A run started by Gateway.start_run whose history holds the n prior pairs before
+        the worker reads it (the worker holds the start job until they are appended)."""
+        stored = [json.dumps(m) for m in history(n)]
+        self.history_bytes[n] = sum(len(h.encode()) for h in stored)
+        self.worker.hold.clear()
+        run = await self.gateway.start_run(task_for(n), requested_by="U-bench")
+        if n:
+            await self.setup_redis.rpush(self.keys.history(run.run_id), *stored[1:])
+        first = await self.setup_redis.lrange(self.keys.history(run.run_id), 0, 0)
+        assert first and json.loads(first[0]) == history(n)[0], first
+        assert await self.setup_redis.llen(self.keys.history(run.run_id)) == len(stored)
+        return run.run_id
 
     async def rep(self, n: int) -> Sample:
-        run_id = await self._create_run(n)
+        run_id = await self._new_run(n)
         s0, c0 = await self.probe.snapshot(), self.traffic()
         t0 = time.perf_counter()
-        await self.bot_redis.xadd(self.keys.jobs(), {"type": "start", "run_id": run_id})
+        self.worker.hold.set()
         t1 = await self._job_done()
         c1, s1 = self.traffic(), await self.probe.snapshot()
-        prep, model, pause = self._split_model(t0, t1)
 
         gates = await self.gateway.pending_gates(run_id)
-        assert len(gates) == 1, f"expected one pending gate, got {gates}"
+        assert len(gates) == len(GATED_USERS), f"expected two pending gates, got {gates}"
         s2, c2 = await self.probe.snapshot(), self.traffic()
         t2 = time.perf_counter()
-        res = await self.gateway.decide(gates[0].gate_id, Decision.APPROVE, by="U-approver")
-        assert res.applied
+        for gate in gates:
+            res = await self.gateway.decide(gate.gate_id, Decision.APPROVE, by="U-approver")
+            assert res.applied, res
         t4 = await self._job_done()
         c4, s4 = self.traffic(), await self.probe.snapshot()
-        t3, c3 = self.tool.take()
+        prep, pause, resume, to_tool, model = self._windows(t0, t1, t2, t4)
+        second = self.clock.within(t2, t4)[0]
         run = await self.gateway.get_run(run_id)
         assert run is not None and run.status is RunStatus.COMPLETED, run
         return Sample(
@@ -265,10 +262,11 @@ class Ours(Framework):
             prep,
             model,
             pause,
-            t3 - t2,
-            t4 - t3 - self.clock.time_within(t3, t4),
+            resume,
+            to_tool,
+            second.encode,
+            second.body_bytes,
             c1 - c0,
-            c3 - c2,
             c4 - c2,
             self.probe.delta(s0, s1),
             self.probe.delta(s2, s4),
@@ -285,227 +283,30 @@ class Ours(Framework):
             await r.aclose()
 
 
-# =========================================================================== OpenAI Agents SDK
-class AgentsSdk(Framework):
-    """``needs_approval=True``; the paused ``RunState.to_json()`` is SET in Redis, GET to resume."""
-
-    name = SDK
-
-    def __init__(self, url: str, base_url: str, probe: ServerProbe) -> None:
-        from agents import Agent, OpenAIChatCompletionsModel, function_tool, set_tracing_disabled
-
-        set_tracing_disabled(True)
-        self.probe = probe
-        self.traffic_ = Traffic()
-        self.redis = count_traffic(create_redis(url), self.traffic_)
-        self.clock = ModelClock()
-        self.client = self.clock.wrap(
-            AsyncOpenAI(api_key=API_KEY, base_url=base_url, max_retries=0)
-        )
-        self.tool = ToolProbe(self.traffic_.snapshot)
-        probe_tool = self.tool
-
-        @function_tool(needs_approval=True)
-        async def delete_user(user_id: str) -> str:
-            """Permanently delete a user."""
-            probe_tool.mark()
-            return f"user {user_id} deleted"
-
-        self.agent = Agent(
-            name="bench",
-            instructions=INSTRUCTIONS,
-            tools=[delete_user],
-            model=OpenAIChatCompletionsModel(model=MODEL, openai_client=self.client),
-        )
-
-    @staticmethod
-    def _input(n: int) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = [{"role": "user", "content": task_for(n)}]
-        for i, m in enumerate(prior_messages(n)):
-            if m["role"] == "assistant":  # as the SDK itself records assistant output
-                items.append(
-                    {
-                        "type": "message",
-                        "role": "assistant",
-                        "id": f"msg_{i}",
-                        "status": "completed",
-                        "content": [
-                            {"type": "output_text", "text": m["content"], "annotations": []}
-                        ],
-                    }
-                )
-            else:
-                items.append({"role": "user", "content": m["content"]})
-        return items
-
-    async def rep(self, n: int) -> Sample:
-        from agents import Runner, RunState
-
-        items = self._input(n)
-        key = f"sdk:run:{uuid.uuid4().hex}"
-        s0, c0 = await self.probe.snapshot(), self.traffic_.snapshot()
-        t0 = time.perf_counter()
-        result = await Runner.run(self.agent, items)  # type: ignore[arg-type]
-        assert result.interruptions, "the SDK did not pause"
-        await self.redis.set(key, json.dumps(result.to_state().to_json(), separators=(",", ":")))
-        t1 = time.perf_counter()
-        c1, s1 = self.traffic_.snapshot(), await self.probe.snapshot()
-        prep, model, pause = self._split_model(t0, t1)
-
-        s2, c2 = await self.probe.snapshot(), self.traffic_.snapshot()
-        t2 = time.perf_counter()
-        raw = await self.redis.get(key)
-        state = await RunState.from_json(self.agent, json.loads(raw))
-        for item in state.get_interruptions():
-            state.approve(item)
-        result = await Runner.run(self.agent, state)
-        t4 = time.perf_counter()
-        c4, s4 = self.traffic_.snapshot(), await self.probe.snapshot()
-        t3, c3 = self.tool.take()
-        assert result.final_output == "Done.", result.final_output
-        return Sample(
-            SDK,
-            n,
-            prep,
-            model,
-            pause,
-            t3 - t2,
-            t4 - t3 - self.clock.time_within(t3, t4),
-            c1 - c0,
-            c3 - c2,
-            c4 - c2,
-            self.probe.delta(s0, s1),
-            self.probe.delta(s2, s4),
-        )
-
-    async def close(self) -> None:
-        await self.client.close()
-        await self.redis.aclose()
-
-
-# =========================================================================== LangGraph
-class LangGraph(Framework):
-    """``interrupt()`` in the tool + ``Command(resume=...)``, ``durability="sync"``.
-
-    The checkpointer is :class:`tests.bench.lg_saver.PlainRedisSaver` (plain Redis), not
-    ``langgraph-checkpoint-redis``, which needs Redis Stack modules this machine cannot run.
-    """
-
-    name = LANGGRAPH
-
-    def __init__(self, url: str, base_url: str, probe: ServerProbe) -> None:
-        from langchain_core.messages import SystemMessage
-        from langchain_core.tools import tool as lc_tool
-        from langchain_openai import ChatOpenAI
-        from langgraph.graph import START, MessagesState, StateGraph
-        from langgraph.prebuilt import ToolNode, tools_condition
-        from langgraph.types import interrupt
-
-        from tests.bench.lg_saver import PlainRedisSaver
-
-        self.probe = probe
-        self.traffic_ = Traffic()
-        self.redis = count_traffic(Redis.from_url(url), self.traffic_)
-        self.clock = ModelClock()
-        self.client = self.clock.wrap(
-            AsyncOpenAI(api_key=API_KEY, base_url=base_url, max_retries=0)
-        )
-        self.tool = ToolProbe(self.traffic_.snapshot)
-        probe_tool = self.tool
-
-        @lc_tool
-        async def delete_user(user_id: str) -> str:
-            """Permanently delete a user."""
-            decision = interrupt({"tool": "delete_user", "args": {"user_id": user_id}})
-            if decision != "approve":
-                return "declined"
-            probe_tool.mark()
-            return f"user {user_id} deleted"
-
-        llm = ChatOpenAI(
-            model=MODEL,
-            api_key=API_KEY,  # type: ignore[arg-type]
-            base_url=base_url,
-            async_client=self.client.chat.completions,
-            max_retries=0,
-        ).bind_tools([delete_user])
-
-        async def agent_node(state: MessagesState) -> dict[str, Any]:
-            reply_ = await llm.ainvoke([SystemMessage(INSTRUCTIONS), *state["messages"]])
-            return {"messages": [reply_]}
-
-        g = StateGraph(MessagesState)
-        g.add_node("agent", agent_node)
-        g.add_node("tools", ToolNode([delete_user]))
-        g.add_edge(START, "agent")
-        g.add_conditional_edges("agent", tools_condition)
-        g.add_edge("tools", "agent")
-        self.start = START
-        self.graph = g.compile(checkpointer=PlainRedisSaver(self.redis))
-
-    @staticmethod
-    def _messages(n: int) -> list[Any]:
-        from langchain_core.messages import AIMessage, HumanMessage
-
-        out: list[Any] = [HumanMessage(task_for(n))]
-        for m in prior_messages(n):
-            out.append(
-                AIMessage(m["content"]) if m["role"] == "assistant" else HumanMessage(m["content"])
-            )
-        return out
-
-    async def rep(self, n: int) -> Sample:
-        from langgraph.types import Command
-
-        cfg: Any = {"configurable": {"thread_id": uuid.uuid4().hex}}
-        # Not measured: the history is already persisted in the thread's checkpoint.
-        await self.graph.aupdate_state(cfg, {"messages": self._messages(n)}, as_node=self.start)
-        s0, c0 = await self.probe.snapshot(), self.traffic_.snapshot()
-        t0 = time.perf_counter()
-        out = await self.graph.ainvoke(None, cfg, durability="sync")
-        t1 = time.perf_counter()
-        c1, s1 = self.traffic_.snapshot(), await self.probe.snapshot()
-        assert out.get("__interrupt__"), "LangGraph did not pause"
-        prep, model, pause = self._split_model(t0, t1)
-
-        s2, c2 = await self.probe.snapshot(), self.traffic_.snapshot()
-        t2 = time.perf_counter()
-        out = await self.graph.ainvoke(Command(resume="approve"), cfg, durability="sync")
-        t4 = time.perf_counter()
-        c4, s4 = self.traffic_.snapshot(), await self.probe.snapshot()
-        t3, c3 = self.tool.take()
-        assert out["messages"][-1].content == "Done.", out["messages"][-1]
-        return Sample(
-            LANGGRAPH,
-            n,
-            prep,
-            model,
-            pause,
-            t3 - t2,
-            t4 - t3 - self.clock.time_within(t3, t4),
-            c1 - c0,
-            c3 - c2,
-            c4 - c2,
-            self.probe.delta(s0, s1),
-            self.probe.delta(s2, s4),
-        )
-
-    async def close(self) -> None:
-        await self.client.close()
-        await self.redis.aclose()
-
-
 # =========================================================================== driver
 @dataclass
 class PauseResults:
     sizes: list[int]
     reps: dict[int, int]
     frameworks: list[str]
+    server: str = ""  # the Redis every framework used
+    stand_in: str = ""  # why LangGraph ran on the stand-in saver ("" when it did not)
+    history_bytes: dict[int, int] = field(default_factory=dict)  # ours, stored JSON
+    others_busy: float = float("nan")  # cores other processes kept busy meanwhile
     samples: list[Sample] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
 
     def of(self, framework: str, n: int) -> list[Sample]:
         return [s for s in self.samples if s.framework == framework and s.n == n]
+
+    @property
+    def peers(self) -> list[str]:
+        return [f for f in self.frameworks if f != OURS]
+
+    def best_peer(self, n: int) -> str | None:
+        """The peer with the smallest median full cycle at ``n``."""
+        have = [(median([s.cycle for s in self.of(f, n)]), f) for f in self.peers if self.of(f, n)]
+        return min(have)[1] if have else None
 
 
 def _quiet_third_parties() -> None:
@@ -521,20 +322,27 @@ async def run_pause_bench(
     log: Callable[[str], None],
     *,
     peers: bool = True,
+    stand_in: str = "",
+    server: str = "",
 ) -> PauseResults:
+    """``stand_in``: why the real LangGraph saver cannot run (then the stand-in runs)."""
     _quiet_third_parties()
     probe = ServerProbe(url)
     await probe.calibrate()
-    results = PauseResults(sizes, reps, [])
+    results = PauseResults(sizes, reps, [], server=server, stand_in=stand_in)
     fake = FakeModelProcess(sorted({0, *sizes}))
     try:
         makers: list[tuple[str, Callable[[], Framework]]] = [
             (OURS, lambda: Ours(url, fake.base_url, probe))
         ]
         if peers:
+            lg = bool(stand_in)
+            from tests.bench.peers import AgentsSdk, LangGraph
+
             makers += [
-                (SDK, lambda: AgentsSdk(url, fake.base_url, probe)),
-                (LANGGRAPH, lambda: LangGraph(url, fake.base_url, probe)),
+                (SDK, lambda: AgentsSdk(url, probe)),
+                (LG_MESSAGES, lambda: LangGraph(url, probe, dicts=False, stand_in=lg)),
+                (LG_DICTS, lambda: LangGraph(url, probe, dicts=True, stand_in=lg)),
             ]
         frameworks: list[Framework] = []
         for name, make in makers:
@@ -545,20 +353,24 @@ async def run_pause_bench(
                 results.skipped[name] = f"not installed ({exc.name}): `make bench` installs it"
                 continue
             frameworks.append(fw)
-            results.frameworks.append(name)
+            results.frameworks.append(fw.name)
         try:
             for n in sizes:
+                t = time.perf_counter()
                 for fw in frameworks:  # warm-up: imports, scripts loaded, connections open
                     await fw.rep(n)
-                t = time.perf_counter()
                 for i in range(reps[n]):
                     order = frameworks[i % len(frameworks) :] + frameworks[: i % len(frameworks)]
                     for fw in order:
                         gc.collect()
                         results.samples.append(await fw.rep(n))
                 log(
-                    f"  history {n}: {reps[n]} reps x {len(frameworks)} in {time.perf_counter() - t:.1f} s"
+                    f"  history {n:,} pairs: {reps[n]} reps x {len(frameworks)} in "
+                    f"{time.perf_counter() - t:.1f} s"
                 )
+            ours = next((f for f in frameworks if isinstance(f, Ours)), None)
+            if ours is not None:
+                results.history_bytes = dict(ours.history_bytes)
         finally:
             for fw in frameworks:
                 await fw.close()
@@ -569,119 +381,170 @@ async def run_pause_bench(
 
 
 # =========================================================================== tables
-def _p(xs: list[float]) -> str:
-    return f"{ms(median(xs))} / {ms(p99(xs))}"
+Table = tuple[str, list[str], list[list[str]]]
 
 
-def pause_tables(res: PauseResults) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, rows) of the item-1 tables."""
-    timing: list[list[str]] = []
-    traffic: list[list[str]] = []
+def spread(xs: list[float]) -> str:
+    """Median [min-max], in ms."""
+    if not xs:
+        return "n/a"
+    return f"{ms(median(xs))} [{ms(min(xs))}-{ms(max(xs))}]"
+
+
+def _ratio(peer: float, ours: float) -> str:
+    if ours <= 0 or peer != peer or ours != ours:
+        return "n/a"
+    r = peer / ours
+    return f"{r:.1f}x" if r < 100 else f"{r:.0f}x"
+
+
+def headline_table(res: PauseResults) -> Table:
+    """Full cycle per N per system, and ours against the best peer."""
+    rows = []
+    for n in res.sizes:
+        ours = res.of(OURS, n)
+        if not ours:
+            continue
+        cyc = median([s.cycle for s in ours])
+        enc = median([s.encode for s in ours])
+        row = [f"{n:,}", spread([s.cycle for s in ours])]
+        row.append(f"{ms(enc)} → {ms(cyc + enc)}")
+        for fw in res.peers:
+            row.append(spread([s.cycle for s in res.of(fw, n)]))
+        best = res.best_peer(n)
+        if best is None:
+            row += ["n/a", "n/a"]
+        else:
+            b = median([s.cycle for s in res.of(best, n)])
+            row.append(f"{_ratio(b, cyc)} ({best})")
+            row.append(_ratio(b, cyc + enc))
+        rows.append(row)
+    return (
+        "Full cycle: pause + resume to the final answer, history read included, model calls "
+        "excluded (ms, median [min-max])",
+        [
+            "history (pairs)",
+            "ours",
+            "ours: + building the request body (encode → total)",
+            *res.peers,
+            "best peer / ours",
+            "best peer / (ours + encode)",
+        ],
+        rows,
+    )
+
+
+def detail_table(res: PauseResults) -> Table:
+    rows = []
     for n in res.sizes:
         for fw in res.frameworks:
             ss = res.of(fw, n)
             if not ss:
                 continue
-            timing.append(
+            rows.append(
                 [
                     f"{n:,}",
                     fw,
-                    _p([s.pause for s in ss]),
-                    _p([s.resume for s in ss]),
-                    _p([s.overhead for s in ss]),
-                    _p([s.prep for s in ss]),
-                    _p([s.finish for s in ss]),
+                    spread([s.pause for s in ss]),
+                    spread([s.resume for s in ss]),
+                    spread([s.to_tool for s in ss]),
+                    spread([s.prep for s in ss]),
                     ms(median([s.model for s in ss])),
                 ]
             )
-            traffic.append(
+    return (
+        "Pause and resume apart (ms, median [min-max])",
+        [
+            "history (pairs)",
+            "system",
+            "pause (model answer → durable)",
+            "resume (decision → final answer, ex-model)",
+            "decision → first tool start",
+            "prep (turn start → model call; not in the cycle)",
+            "both model calls (excluded)",
+        ],
+        rows,
+    )
+
+
+def traffic_table(res: PauseResults) -> Table:
+    rows = []
+    for n in res.sizes:
+        floor = res.history_bytes.get(n)
+        for fw in res.frameworks:
+            ss = res.of(fw, n)
+            if not ss:
+                continue
+            read = median([s.resume_server.net_out for s in ss])
+            rows.append(
                 [
                     f"{n:,}",
                     fw,
                     kb(median([s.pause_traffic.bytes_out for s in ss])),
                     kb(median([s.pause_server.net_in for s in ss])),
                     f"{median([s.pause_traffic.round_trips for s in ss]):.0f}",
-                    f"{median([s.pause_server.calls for s in ss]):.0f}",
-                    f"{median([s.resume_traffic.round_trips for s in ss]):.0f}",
-                    f"{median([s.cycle_traffic.round_trips for s in ss]):.0f}",
+                    kb(read),
+                    f"{read / floor:.2f}x" if floor and n else "n/a",
                     kb(median([s.resume_traffic.bytes_out for s in ss])),
-                    kb(median([s.resume_server.net_out for s in ss])),
+                    f"{median([s.resume_traffic.round_trips for s in ss]):.0f}",
                 ]
             )
-    ratios: list[list[str]] = []
-    peers = [f for f in res.frameworks if f != OURS]
+    return (
+        "Redis traffic per repetition (medians)",
+        [
+            "history (pairs)",
+            "system",
+            "bytes written, turn start → paused (client)",
+            "same, Redis net input (INFO)",
+            "round trips → paused",
+            "bytes read, decision → final answer (INFO net output)",
+            "bytes read / ours' stored history (the floor: one read per model call)",
+            "bytes written, decision → final answer (client)",
+            "round trips, decision → final answer",
+        ],
+        rows,
+    )
+
+
+def encode_table(res: PauseResults) -> Table:
+    rows = []
     for n in res.sizes:
-        ours = res.of(OURS, n)
-        if not ours:
+        ss = res.of(OURS, n)
+        if not ss:
             continue
-        for fw in peers:
-            ss = res.of(fw, n)
-            if not ss:
-                continue
-            ratios.append(
-                [
-                    f"{n:,}",
-                    f"{fw} / ours",
-                    ratio(median([s.pause for s in ss]), median([s.pause for s in ours])),
-                    ratio(median([s.resume for s in ss]), median([s.resume for s in ours])),
-                    ratio(median([s.overhead for s in ss]), median([s.overhead for s in ours])),
-                    ratio(median([s.total for s in ss]), median([s.total for s in ours])),
-                    ratio(
-                        median([s.pause_traffic.bytes_out for s in ss]),
-                        median([s.pause_traffic.bytes_out for s in ours]),
-                    ),
-                ]
-            )
+        rows.append(
+            [
+                f"{n:,}",
+                kb(res.history_bytes.get(n, float("nan"))),
+                kb(median([s.body_bytes for s in ss])),
+                spread([s.encode for s in ss]),
+                spread([s.cycle + s.encode for s in ss]),
+            ]
+        )
+    return (
+        "Ours: the request body of model turn 2 (built by openai-python's `post`: options "
+        "copy + JSON encoding; the peers' stub models get their lists as they are)",
+        [
+            "history (pairs)",
+            "stored history (JSON)",
+            "request body",
+            "building it (ms, median [min-max])",
+            "full cycle + building it (ms)",
+        ],
+        rows,
+    )
+
+
+def pause_tables(res: PauseResults) -> list[Table]:
     return [
-        (
-            "Pause and resume versus history length: time (ms, median / p99)",
-            [
-                "history",
-                "framework",
-                "pause",
-                "decision → tool start",
-                "pause + resume",
-                "prep (turn start → model request)",
-                "finish (tool → done, ex-model)",
-                "model round trip (excluded)",
-            ],
-            timing,
-        ),
-        (
-            "Pause and resume versus history length: Redis traffic (medians)",
-            [
-                "history",
-                "framework",
-                "bytes written / pause (client)",
-                "Redis net input / pause (INFO)",
-                "round trips / pause",
-                "commands / pause (INFO)",
-                "round trips decision → tool",
-                "round trips decision → done",
-                "bytes written decision → tool",
-                "bytes read decision → done (INFO)",
-            ],
-            traffic,
-        ),
-        (
-            "Peer / ours (medians; > 1x means we are cheaper)",
-            [
-                "history",
-                "ratio",
-                "pause",
-                "decision → tool start",
-                "pause + resume",
-                "all gateway time ex-model",
-                "bytes written / pause",
-            ],
-            ratios,
-        ),
+        headline_table(res),
+        detail_table(res),
+        traffic_table(res),
+        encode_table(res),
     ]
 
 
-def commands_table(
-    res: PauseResults, framework: str = OURS
-) -> tuple[str, list[str], list[list[str]]]:
+def commands_table(res: PauseResults, framework: str = OURS) -> Table:
     """Redis commands in one pause and one resume (medians), at the largest history."""
     n = max(res.sizes)
     ss = res.of(framework, n)
@@ -693,8 +556,64 @@ def commands_table(
         if pause or resume:
             rows.append([c.upper(), f"{pause:.0f}", f"{resume:.0f}"])
     return (
-        f"Redis commands of {framework}: one pause, one resume (INFO commandstats, history "
-        f"{n:,}, medians; commands run inside Lua scripts are counted too)",
-        ["command", "pause", "decision → done"],
+        f"Redis commands of {framework}: turn start → paused, decision → final answer (INFO "
+        f"commandstats, history {n:,} pairs, medians; commands run inside Lua scripts count)",
+        ["command", "turn start → paused", "decision → final answer"],
         rows,
     )
+
+
+def target_lines(res: PauseResults) -> list[str]:
+    """Issue 9's targets, checked on these figures."""
+    lines: list[str] = []
+    sizes = [n for n in res.sizes if res.of(OURS, n)]
+    if not sizes:
+        return lines
+    for n in sizes:
+        best = res.best_peer(n)
+        if best is None:
+            continue
+        ours = median([s.cycle for s in res.of(OURS, n)])
+        enc = median([s.encode for s in res.of(OURS, n)])
+        b = median([s.cycle for s in res.of(best, n)])
+        r = b / ours
+        lines.append(
+            f"- {n:,} pairs: full cycle {ms(ours)} ms, best peer ({best}) {ms(b)} ms: "
+            f"**{r:.1f}x** (target ≥ {TARGET_RATIO:.0f}x, i.e. ≤ {ms(b / TARGET_RATIO)} ms: "
+            + ("met" if r >= TARGET_RATIO else "**not met**")
+            + f"); with the request body built, {b / (ours + enc):.1f}x."
+        )
+    lo, hi = min(sizes), max(sizes)
+    if hi > lo:
+
+        def med(attr: str, n: int) -> float:
+            return median([getattr(s, attr) for s in res.of(OURS, n)])
+
+        grew = med("resume", hi) - med("resume", lo)
+        read = med("prep", hi) - med("prep", lo)
+        lines.append(
+            f"- Where ours' time goes: from {lo:,} to {hi:,} pairs our resume grows by "
+            f"{ms(grew)} ms ({ms(med('resume', lo))} → {ms(med('resume', hi))}); reading and "
+            f"decoding the history once (`LRANGE` + `json.loads` of every message, which is "
+            f"what grows in the prep window) grows by {ms(read)} ms. The rest of the cycle "
+            f"({ms(med('cycle', lo))} ms at {lo:,} pairs) is fixed: round trips and Lua "
+            "scripts (the commands table above)."
+        )
+    wrote = [median([s.pause_traffic.bytes_out for s in res.of(OURS, n)]) for n in sizes]
+    lines.append(
+        "- Bytes written per pause (ours): "
+        + ", ".join(f"{x:,.0f} B" for x in wrote)
+        + f" at {', '.join(f'{n:,}' for n in sizes)} pairs: "
+        + ("**O(new messages)**, flat." if max(wrote) - min(wrote) <= 256 else "**not flat**.")
+    )
+    for n in sizes:
+        floor = res.history_bytes.get(n)
+        if floor and n == max(sizes):
+            read = median([s.resume_server.net_out for s in res.of(OURS, n)])
+            lrange = median([s.resume_server.by_cmd.get("lrange", 0) for s in res.of(OURS, n)])
+            lines.append(
+                f"- Bytes read per resume (ours, {n:,} pairs): {kb(read)} for a stored history "
+                f"of {kb(floor)} ({read / floor:.2f}x the floor of one read per model call; "
+                f"LRANGE calls: {lrange:.0f})."
+            )
+    return lines

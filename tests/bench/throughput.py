@@ -33,7 +33,7 @@ from redis.asyncio import Redis
 
 from agent_core import Decision, Gateway, Keys, create_redis
 from tests.bench.agent import TASK
-from tests.bench.common import kb, median, p99
+from tests.bench.common import each_shard, kb, median, p99
 from tests.bench.procs import FakeModelProcess, Workers, cpu_seconds, machine_busy_seconds
 from tests.redis_server import RedisServer
 
@@ -58,7 +58,7 @@ class Driver:
         self._decisions: set[asyncio.Task[object]] = set()
 
     async def drive(self, total: int, concurrency: int, max_seconds: float) -> DriveStats:
-        last = await self._last_event_id()
+        last = await self._last_event_ids()
         started: dict[str, float] = {}
         latencies: list[float] = []
         failed = 0
@@ -90,10 +90,10 @@ class Driver:
                     raise TimeoutError(
                         f"{n_started - len(latencies) - failed} runs unfinished after {max_seconds + 60} s"
                     )
-                reply = await self.reader.xread({KEYS.events(): last}, count=1000, block=100)
-                for _stream, entries in reply or []:
+                reply = await self.reader.xread(last, count=1000, block=100)
+                for stream, entries in reply or []:
                     for msg_id, fields in entries:
-                        last = msg_id
+                        last[stream] = msg_id
                         kind, run_id = fields.get("type"), fields.get("run_id", "")
                         if run_id not in started:
                             continue
@@ -118,9 +118,13 @@ class Driver:
                 await start_task
         return DriveStats(len(latencies), failed, t_last - t_start, latencies)
 
-    async def _last_event_id(self) -> str:
-        entries = await self.redis.xrevrange(KEYS.events(), count=1)
-        return entries[0][0] if entries else "0-0"
+    async def _last_event_ids(self) -> dict[str, str]:
+        """The last entry of every events stream (one per shard)."""
+        last: dict[str, str] = {}
+        for stream in each_shard(KEYS, "events"):
+            entries = await self.redis.xrevrange(stream, count=1)
+            last[stream] = entries[0][0] if entries else "0-0"
+        return last
 
     async def wait_consumers(self, n: int, timeout: float = 60) -> None:
         """Until n workers wait on the jobs stream (a connection blocked in XREADGROUP each)."""

@@ -167,7 +167,9 @@ class BotHarness:
         async def card_posted() -> Gate | None:
             gates = await self.gateway.pending_gates(run_id) or await self._all_gates(run_id)
             for g in gates:
-                if await self.redis.hget(self.keys.ext("slack-card", g.gate_id), "ts"):
+                if await self.redis.hget(
+                    self.keys.ext("slack-card", g.gate_id, self.keys.shard_of(g.gate_id)), "ts"
+                ):
                     return g
             return None
 
@@ -179,7 +181,9 @@ class BotHarness:
 
     async def card(self, gate_id: str) -> Any:
         """The gate's card as the fake Slack shows it now."""
-        h = await self.redis.hgetall(self.keys.ext("slack-card", gate_id))
+        h = await self.redis.hgetall(
+            self.keys.ext("slack-card", gate_id, self.keys.shard_of(gate_id))
+        )
         assert h, f"no card for gate {gate_id}"
         msg = self.fake.message(h["channel"], h["ts"])
         assert msg is not None
@@ -197,6 +201,16 @@ class BotHarness:
         except AssertionError:
             msg = await self.card(gate_id)
             raise AssertionError(f"card never showed {needle!r}; it shows {msg.blocks}") from None
+
+
+async def notifier_ready(bot: BotHarness) -> None:
+    """Wait until the notifier's group exists on every shard's events stream."""
+    streams = [bot.keys.events(s) for s in bot.keys.all_shards()]
+
+    async def ready() -> bool:
+        return int(await bot.redis.exists(*streams)) == len(streams)
+
+    await wait_until(ready)
 
 
 async def wait_until(

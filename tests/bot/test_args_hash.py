@@ -123,7 +123,7 @@ async def test_a_card_from_before_hashes_is_refreshed_and_approves_nothing(
     run_id = await live.start_task(task)
     gate = await live.gate_of(run_id)
     # As an older version posted it: buttons carrying the gate id alone.
-    card_key = live.keys.ext("slack-card", gate.gate_id)
+    card_key = live.keys.ext("slack-card", gate.gate_id, live.keys.shard_of(gate.gate_id))
     await live.redis.hset(card_key, "digest", "posted-by-an-older-version")
     fake = live.fake
     updates = len(fake.calls_to("chat.update"))

@@ -34,7 +34,11 @@ async def test_an_approved_call_that_never_started_says_never_ran(
     async def two_cards() -> list[Any]:
         gates = await live.gateway.pending_gates(run_id)
         k = live.keys
-        posted = [g for g in gates if await live.redis.hget(k.ext("slack-card", g.gate_id), "ts")]
+        posted = [
+            g
+            for g in gates
+            if await live.redis.hget(k.ext("slack-card", g.gate_id, k.shard_of(g.gate_id)), "ts")
+        ]
         return posted if len(posted) == 2 else []
 
     first, second = await wait_until(two_cards)

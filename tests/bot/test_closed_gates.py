@@ -31,7 +31,8 @@ async def close_by_failure(bot: BotHarness, gate_id: str, run_id: str, error: st
     )
     data = {"run_id": run_id, "gate_id": gate_id, "run_failed": True, "origin": gate.origin}
     await bot.redis.xadd(
-        bot.keys.events(), {"type": "gate.decided", "run_id": run_id, "data": json.dumps(data)}
+        bot.keys.events(bot.keys.shard_of(run_id)),
+        {"type": "gate.decided", "run_id": run_id, "data": json.dumps(data)},
     )
 
 

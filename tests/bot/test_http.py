@@ -20,7 +20,7 @@ from tests.bot.conftest import (
     SIGNING_SECRET,
     BotHarness,
     bot_settings,
-    wait_until,
+    notifier_ready,
 )
 
 
@@ -52,7 +52,7 @@ async def _redis_keys(redis: Redis) -> list[str]:
 
 
 async def test_forged_and_stale_signatures_are_rejected(bot: BotHarness, redis: Redis) -> None:
-    await wait_until(lambda: redis.exists(bot.keys.events()))  # the notifier's consumer group
+    await notifier_ready(bot)  # the notifier's consumer group
     before = await _redis_keys(redis)
     body = bot.client.command_body("delete everything", user_id=REQUESTER)
     now = str(int(time.time()))
@@ -180,7 +180,7 @@ async def test_redis_outage_gives_clear_answers_and_unhealthy(
         assert status == 503
         slack = SlackClient(server.url + "/slack/events", SIGNING_SECRET, fake=fake_slack)
         click = await slack.action(
-            "gate_approve", "A" * 24, response_url=fake_slack.response_url("down")
+            "gate_approve", "00" + "A" * 22, response_url=fake_slack.response_url("down")
         )
         assert click.status == 200, "acknowledged at once, even with Redis down"
         (r,) = await fake_slack.wait_for(lambda f: f.responses("down"))

@@ -17,13 +17,19 @@ from tests.bot.conftest import APPROVER, CHANNEL, BotHarness, wait_until
 
 
 async def all_events(bot: BotHarness) -> list[Any]:
-    entries = await bot.redis.xrange(bot.keys.events())
-    return [parse_event(StreamMessage(i, f)) for i, f in entries]
+    out = []
+    for shard in bot.keys.all_shards():
+        stream = bot.keys.events(shard)
+        out += [
+            parse_event(StreamMessage(i, f, 1, stream)) for i, f in await bot.redis.xrange(stream)
+        ]
+    return out
 
 
 async def xadd_event(bot: BotHarness, type_: str, run_id: str, data: dict[str, Any]) -> None:
     await bot.redis.xadd(
-        bot.keys.events(), {"type": type_, "run_id": run_id, "data": json.dumps(data)}
+        bot.keys.events(bot.keys.shard_of(run_id)),
+        {"type": type_, "run_id": run_id, "data": json.dumps(data)},
     )
 
 
@@ -83,7 +89,9 @@ async def test_two_replicas_racing_on_the_same_events_post_one_card(
     fake_openai.script(task, [call("delete_user", {"user_id": "2"}), reply("ok")])
     run_id = await live.start_task(task)
     gate = await live.gate_of(run_id)
-    await live.redis.delete(live.keys.ext("slack-card", gate.gate_id))  # as if never posted
+    await live.redis.delete(
+        live.keys.ext("slack-card", gate.gate_id, live.keys.shard_of(gate.gate_id))
+    )  # as if never posted
     ctx = live.server.context
     replicas = [
         Notifier(live.gateway, ctx.publisher, ctx.store, consumer=f"web-{i}") for i in range(4)
@@ -138,7 +146,8 @@ async def test_runs_started_outside_slack_are_ignored(bot: BotHarness) -> None:
 
     await wait_until(handled)
     await asyncio.sleep(0.1)
-    assert (await bot.redis.xpending(bot.keys.events(), "bot"))["pending"] == 0
+    stream = bot.keys.events(bot.keys.shard_of(run.run_id))
+    assert (await bot.redis.xpending(stream, "bot"))["pending"] == 0
     assert bot.fake.calls == []
 
 
@@ -171,7 +180,7 @@ async def test_transient_slack_failure_leaves_the_event_pending(bot: BotHarness)
     )
 
     async def pending_one() -> bool:
-        info = await bot.redis.xpending(bot.keys.events(), "bot")
+        info = await bot.redis.xpending(bot.keys.events(bot.keys.shard_of(run_id)), "bot")
         return int(info["pending"]) == 1
 
     await bot.fake.wait_for(
@@ -179,7 +188,12 @@ async def test_transient_slack_failure_leaves_the_event_pending(bot: BotHarness)
     )
     await asyncio.sleep(0.2)
     assert await pending_one(), "not acknowledged: it will be delivered again"
-    assert await bot.redis.hget(bot.keys.ext("slack-run", run_id), "posted:final:0") is None
+    assert (
+        await bot.redis.hget(
+            bot.keys.ext("slack-run", run_id, bot.keys.shard_of(run_id)), "posted:final:0"
+        )
+        is None
+    )
 
 
 async def test_card_refused_for_size_falls_back_to_a_compact_one(
@@ -189,7 +203,9 @@ async def test_card_refused_for_size_falls_back_to_a_compact_one(
     fake_openai.script(task, [call("delete_user", {"user_id": "4"}), reply("ok")])
     run_id = await live.start_task(task)
     gate = await live.gate_of(run_id)
-    await live.redis.delete(live.keys.ext("slack-card", gate.gate_id))  # as if never posted
+    await live.redis.delete(
+        live.keys.ext("slack-card", gate.gate_id, live.keys.shard_of(gate.gate_id))
+    )  # as if never posted
     live.fake.error_next("chat.postMessage", "msg_blocks_too_long")
     await live.server.context.publisher.show_gate(gate.gate_id)
     refused, accepted = live.fake.calls_to("chat.postMessage")[-2:]
@@ -198,7 +214,9 @@ async def test_card_refused_for_size_falls_back_to_a_compact_one(
         "the compact card still has the buttons"
     )
     assert (
-        await live.redis.hget(live.keys.ext("slack-card", gate.gate_id), "ts")
+        await live.redis.hget(
+            live.keys.ext("slack-card", gate.gate_id, live.keys.shard_of(gate.gate_id)), "ts"
+        )
         == accepted.response["ts"]
     )
 
@@ -215,7 +233,11 @@ async def approved_with_no_worker(
     async def carded() -> list[Any]:
         gates = await live.gateway.pending_gates(run_id)
         ready = [
-            g for g in gates if await live.redis.hget(live.keys.ext("slack-card", g.gate_id), "ts")
+            g
+            for g in gates
+            if await live.redis.hget(
+                live.keys.ext("slack-card", g.gate_id, live.keys.shard_of(g.gate_id)), "ts"
+            )
         ]
         return ready if len(ready) == n else []
 

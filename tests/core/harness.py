@@ -23,7 +23,7 @@ class Harness:
         self.redis = redis
         self.settings = settings
         self.agent = agent
-        self.keys = Keys(settings.key_prefix)
+        self.keys = Keys(settings.key_prefix, settings.shards)
         self.gateway = Gateway(redis, self.keys, agent_name=agent.name)
         self.client = AsyncOpenAI(
             api_key="sk-test-not-a-secret",
@@ -32,7 +32,8 @@ class Harness:
         )
         self.workers: list[tuple[Worker, asyncio.Task[None]]] = []
         self._seen: list[Event] = []
-        self._last_id = "0-0"
+        # Every shard's events stream, and how far each has been read.
+        self._last = {self.keys.events(s): "0-0" for s in self.keys.all_shards()}
 
     def start_worker(self) -> Worker:
         w = Worker(self.redis, self.agent, self.client, self.settings)
@@ -48,12 +49,13 @@ class Harness:
         await self.client.close()
 
     async def events(self, block_ms: int = 200) -> list[Event]:
-        """Every event so far (reads what is new, without a consumer group)."""
-        reply = await self.redis.xread({self.keys.events(): self._last_id}, block=block_ms)
-        for _stream, entries in reply or []:
+        """Every event so far, from every shard (reads what is new, without a consumer group;
+        a run's events are in order, those of runs in different shards need not be)."""
+        reply = await self.redis.xread(dict(self._last), block=block_ms)
+        for stream, entries in reply or []:
             for msg_id, fields in entries:
-                self._seen.append(parse_event(StreamMessage(msg_id, fields)))
-                self._last_id = msg_id
+                self._seen.append(parse_event(StreamMessage(msg_id, fields, 1, stream)))
+                self._last[stream] = msg_id
         return self._seen
 
     async def wait_event(

@@ -29,9 +29,10 @@ async def test_a_poison_job_is_dead_lettered_and_fails_its_run(
         failed = await h.wait_finished(run.run_id, timeout=20)
         assert failed.status is RunStatus.FAILED
         assert failed.error is not None and "dead-letter" in failed.error
-        dead = await redis.xrange(h.keys.dead_jobs())
+        shard = h.keys.shard_of(run.run_id)
+        dead = await redis.xrange(h.keys.dead_jobs(shard))
         assert [(f["type"], f["run_id"]) for _, f in dead] == [("resume", run.run_id)]
-        assert await redis.xpending(h.keys.jobs(), "workers") == {
+        assert await redis.xpending(h.keys.jobs(shard), "workers") == {
             "pending": 0,
             "min": None,
             "max": None,
@@ -42,28 +43,32 @@ async def test_a_poison_job_is_dead_lettered_and_fails_its_run(
 
 
 async def test_a_malformed_job_is_dead_lettered_at_once(harness: Harness, redis: Redis) -> None:
-    await redis.xadd(harness.keys.jobs(), {"type": "start", "run_id": "../../x"})
-    await redis.xadd(harness.keys.jobs(), {"type": "explode", "run_id": "r-000000000000"})
+    jobs, dead_jobs = harness.keys.jobs(0), harness.keys.dead_jobs(0)
+    await redis.xadd(jobs, {"type": "start", "run_id": "../../x"})
+    await redis.xadd(jobs, {"type": "explode", "run_id": "r-000000000000"})
+    # A run id of another shard, in shard 0's stream: no worker may take it as its own.
+    await redis.xadd(jobs, {"type": "start", "run_id": "r-01a000000000"})
     for _ in range(200):
-        dead = await redis.xrange(harness.keys.dead_jobs())
-        if len(dead) == 2:
+        dead = await redis.xrange(dead_jobs)
+        if len(dead) == 3:
             break
         await harness.events(block_ms=20)
-    assert [f["_reason"] for _, f in dead] == ["malformed job", "malformed job"]
+    assert [f["_reason"] for _, f in dead] == ["malformed job"] * 3
 
 
 async def test_a_job_for_an_unknown_run_is_acknowledged_and_ignored(
     harness: Harness, redis: Redis, fake_openai: FakeOpenAI
 ) -> None:
-    job_id = await redis.xadd(harness.keys.jobs(), {"type": "start", "run_id": "r-000000000000"})
+    jobs = harness.keys.jobs(0)
+    job_id = await redis.xadd(jobs, {"type": "start", "run_id": "r-000000000000"})
     for _ in range(200):
         # The worker may not have created its group yet (XINFO then answers no groups).
-        groups = await redis.xinfo_groups(harness.keys.jobs())
+        groups = await redis.xinfo_groups(jobs)
         if groups and groups[0]["last-delivered-id"] == job_id and groups[0]["pending"] == 0:
             break
         await harness.events(block_ms=20)
     else:
         raise AssertionError("the job was never acknowledged")
-    assert await redis.xlen(harness.keys.jobs()) == 0  # acknowledged jobs are deleted
-    assert await redis.xlen(harness.keys.dead_jobs()) == 0
+    assert await redis.xlen(jobs) == 0  # acknowledged jobs are deleted
+    assert await redis.xlen(harness.keys.dead_jobs(0)) == 0
     assert fake_openai.requests == []

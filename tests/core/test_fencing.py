@@ -22,7 +22,6 @@ from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
 from agent_core import GateStatus, LeaseLost, RunStatus, scripts
-from agent_core.gateway import new_gate_id
 from agent_core.runner import Runner
 from agent_core.testing import FakeOpenAI, calls, reply, tool_messages
 from tests.agents import ops, read_journal
@@ -120,7 +119,10 @@ async def run_takeover(
     assert "result of " + tool + " discarded" in first.output(), first.output()
     await check_nothing_written_twice(observer, redis, run.run_id, gate_id, journal, tool)
     # No second card could be asked for: the gate was never written back to pending.
-    assert await redis.zscore(observer.keys.deadlines(), gate_id) is None
+    assert (
+        await redis.zscore(observer.keys.deadlines(observer.keys.shard_of(gate_id)), gate_id)
+        is None
+    )
 
 
 async def test_a_worker_frozen_past_its_lease_writes_nothing_when_it_wakes(
@@ -180,16 +182,16 @@ async def test_every_advancing_script_refuses_a_stale_fence(
     await redis.hset(turn, mapping={"state:c1": "ready"})
 
     replies = [
-        await redis.eval(scripts.BEGIN_RUN, 2, rk, k.events(), old, "a", "1"),
+        await redis.eval(scripts.BEGIN_RUN, 2, rk, k.events(k.shard_of(run.run_id)), old, "a", "1"),
         await redis.eval(
             scripts.RECORD_TURN,
             6,
             rk,
             k.history(run.run_id),
             turn,
-            k.events(),
-            k.finished(),
-            k.active(),
+            k.events(k.shard_of(run.run_id)),
+            k.finished(k.shard_of(run.run_id)),
+            k.active(k.shard_of(run.run_id)),
             old,
             "0",
             json.dumps({"role": "assistant", "content": "x"}),
@@ -200,24 +202,36 @@ async def test_every_advancing_script_refuses_a_stale_fence(
         ),
         await redis.eval(scripts.CLAIM_CALL, 2, rk, turn, old, "0", "c1", "0"),
         await redis.eval(scripts.SETTLE_CALL, 2, rk, turn, old, "0", "c1", "no"),
-        await redis.eval(scripts.COMPLETE_CALL, 3, rk, turn, k.events(), old, "c1", "x", "{"),
+        await redis.eval(
+            scripts.COMPLETE_CALL,
+            3,
+            rk,
+            turn,
+            k.events(k.shard_of(run.run_id)),
+            old,
+            "c1",
+            "x",
+            "{",
+        ),
         await redis.eval(scripts.FINISH_TURN, 2, rk, k.history(run.run_id), old, "0", "1"),
         await redis.eval(
             scripts.FAIL_RUN,
             6,
             rk,
-            k.events(),
-            k.finished(),
-            k.deadlines(),
+            k.events(k.shard_of(run.run_id)),
+            k.finished(k.shard_of(run.run_id)),
+            k.deadlines(k.shard_of(run.run_id)),
             k.run_gates(run.run_id),
-            k.active(),
+            k.active(k.shard_of(run.run_id)),
             old,
             "boom",
             "{}",
             "1",
             run.run_id,
         ),
-        await redis.eval(scripts.FINISH_JOB, 2, k.jobs(), rk, "workers", "1-1", old),
+        await redis.eval(
+            scripts.FINISH_JOB, 2, k.jobs(k.shard_of(run.run_id)), rk, "workers", "1-1", old
+        ),
     ]
     assert [r[0] if isinstance(r, list) else r for r in replies] == ["lost"] * 7 + [0]
     assert await redis.hgetall(rk) == before
@@ -274,7 +288,7 @@ async def test_open_gates_never_touches_an_existing_gate_or_a_call_that_moved_on
             "id": f"c{i}",
             "name": "delete_user",
             "args": {"user_id": str(i)},
-            "gate_id": new_gate_id(),
+            "gate_id": k.new_gate_id(k.shard_of(run.run_id)),
         }
         for i in (1, 2)
     ]
@@ -282,7 +296,7 @@ async def test_open_gates_never_touches_an_existing_gate_or_a_call_that_moved_on
     first = calls[0]["gate_id"]
     assert (await gw.decide(first, "approve", by="U2")).applied
     before = {g: await redis.hgetall(k.gate(g)) for g in (first, calls[1]["gate_id"])}
-    events = await redis.xlen(k.events())
+    events = await redis.xlen(k.events(k.shard_of(run.run_id)))
     # A stale view of the turn (as a worker paused before the decision would hold): refused.
     await redis.hset(rk, mapping={"status": "running"})
     await runner._open_gates(await redis.hgetall(rk), 1, calls, fence)
@@ -290,4 +304,4 @@ async def test_open_gates_never_touches_an_existing_gate_or_a_call_that_moved_on
     await runner._open_gates(await redis.hgetall(rk), 1, calls[1:], fence)
     after = {g: await redis.hgetall(k.gate(g)) for g in before}
     assert after == before and after[first]["status"] == "approved"
-    assert await redis.xlen(k.events()) == events  # no second gate.opened
+    assert await redis.xlen(k.events(k.shard_of(run.run_id))) == events  # no second gate.opened

@@ -80,7 +80,7 @@ async def test_approved_call_runs_once_and_model_gets_its_output(
     executed = await harness.wait_event(run.run_id, "tool.executed")
     assert executed.data["gate_id"] == d["gate_id"] and executed.data["ok"] is True
     # Both jobs (start, resume) were acknowledged and deleted: the stream does not grow.
-    assert await harness.redis.xlen(harness.keys.jobs()) == 0
+    assert await harness.redis.xlen(harness.keys.jobs(harness.keys.shard_of(run.run_id))) == 0
 
 
 async def test_denied_call_never_runs_and_model_is_told_who_and_why(

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from agent_core import GateStatus, Gateway, InvalidState, Keys, RunStatus, scripts
-from agent_core.gateway import new_gate_id
 from agent_core.runner import Runner
 from tests.agents import ops
 
@@ -51,7 +50,7 @@ async def open_run(redis: Redis, gw: Gateway, runner: Runner, n: int) -> tuple[s
             "id": f"c{i}",
             "name": "delete_user",
             "args": {"user_id": str(i)},
-            "gate_id": new_gate_id(),
+            "gate_id": k.new_gate_id(k.shard_of(run.run_id)),
         }
         for i in range(n)
     ]
@@ -127,7 +126,8 @@ async def test_gate_scripts_match_the_model(redis: Redis, n: int, program: list[
         assert gate is not None
         assert (gate.status.value, gate.decided_by or "") == model[gid]
     pending = [g for g, (s, _) in model.items() if s == "pending"]
-    assert sorted(await redis.zrange(keys.deadlines(), 0, -1)) == sorted(pending)
+    shard = keys.shard_of(run_id)
+    assert sorted(await redis.zrange(keys.deadlines(shard), 0, -1)) == sorted(pending)
     run = await gw.get_run(run_id)
     assert run is not None
     if run_cancelled:
@@ -135,12 +135,12 @@ async def test_gate_scripts_match_the_model(redis: Redis, n: int, program: list[
     else:
         assert run.status is RunStatus.AWAITING_APPROVAL
         assert run.pending == len(pending)
-    jobs = [f for _, f in await redis.xrange(keys.jobs())]
+    jobs = [f for _, f in await redis.xrange(keys.jobs(shard))]
     resumes = [j for j in jobs if j["type"] == "resume"]
     assert len(resumes) == (1 if expect_resume else 0)
     events: list[dict[str, Any]] = [
         json.loads(f["data"])
-        for _, f in await redis.xrange(keys.events())
+        for _, f in await redis.xrange(keys.events(shard))
         if f["type"] == "gate.decided"
     ]
     decided = {g for g, (s, _) in model.items() if s != "pending"}

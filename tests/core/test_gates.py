@@ -43,7 +43,8 @@ async def test_twenty_concurrent_decisions_one_winner(
     decided = [e for e in await harness.events() if e.type.value == "gate.decided"]
     assert len(decided) == 1
     # Finished jobs are deleted from the stream: count what was ever added (start + resume).
-    assert (await redis.xinfo_stream(harness.keys.jobs()))["entries-added"] == 2
+    jobs = harness.keys.jobs(harness.keys.shard_of(run.run_id))
+    assert (await redis.xinfo_stream(jobs))["entries-added"] == 2
     expected = ["delete_user:5"] if first.status is GateStatus.APPROVED else []
     assert read_journal(str(journal)) == expected
 

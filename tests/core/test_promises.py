@@ -177,7 +177,7 @@ async def test_a_failed_run_closes_its_pending_gates(
     assert gate.reason == "the run failed: the model endpoint is gone"
     ev = await h.wait_event(run.run_id, "gate.decided", gate_id=gid)
     assert ev.data["run_failed"] is True and ev.data["status"] == "cancelled"
-    assert await redis.zscore(h.keys.deadlines(), gid) is None
+    assert await redis.zscore(h.keys.deadlines(h.keys.shard_of(gid)), gid) is None
     late = await h.gateway.decide(gid, "approve", by="U2")
     assert not late.applied and late.gate.status is GateStatus.CANCELLED
 
@@ -253,11 +253,13 @@ async def test_a_job_for_a_busy_run_is_not_a_failed_delivery(
                 break
             await asyncio.sleep(0.02)
         for _ in range(3):  # duplicate jobs, as a repair or a decision may enqueue
-            await redis.xadd(h.keys.jobs(), {"type": "resume", "run_id": run.run_id})
+            await redis.xadd(
+                h.keys.jobs(h.keys.shard_of(run.run_id)), {"type": "resume", "run_id": run.run_id}
+            )
         done = await h.wait_finished(run.run_id, timeout=20)
         assert (done.status, done.final) == (RunStatus.COMPLETED, "report ready")
         assert sum(x.startswith("slow_report:start") for x in read_journal(str(journal))) == 1
-        assert await redis.xlen(h.keys.dead_jobs()) == 0
+        assert await redis.xlen(h.keys.dead_jobs(h.keys.shard_of(run.run_id))) == 0
     finally:
         await h.close()
 
@@ -271,7 +273,7 @@ async def test_the_sweeper_repairs_runs_that_nothing_would_move_on(
         # 1. A queued run whose job was lost.
         fake_openai.script("lost job", [reply("done anyway")])
         lost = await h.gateway.start_run("lost job", requested_by="U1")
-        await redis.delete(h.keys.jobs())
+        await redis.delete(h.keys.jobs(h.keys.shard_of(lost.run_id)))
         # 2. A run waiting for approval whose gate was decided without a resume job.
         fake_openai.script("lost resume", [call("delete_user", {"user_id": "8"}), reply("gone")])
         waiting = await h.gateway.start_run("lost resume", requested_by="U1")
@@ -280,11 +282,11 @@ async def test_the_sweeper_repairs_runs_that_nothing_would_move_on(
         await asyncio.sleep(0.2)
         gid = opened.data["gate_id"]
         await redis.hset(h.keys.gate(gid), mapping={"status": "approved", "decided_by": "U2"})
-        await redis.zrem(h.keys.deadlines(), gid)
+        await redis.zrem(h.keys.deadlines(h.keys.shard_of(gid)), gid)
         assert (await h.wait_finished(lost.run_id, timeout=15)).final == "done anyway"
         assert (await h.wait_finished(waiting.run_id, timeout=15)).final == "gone"
         assert read_journal(str(journal)) == ["delete_user:8"]
-        assert await redis.zcard(h.keys.active()) == 0
+        assert all([await redis.zcard(h.keys.active(s)) == 0 for s in h.keys.all_shards()])
     finally:
         await h.close()
 
@@ -320,9 +322,9 @@ async def test_a_script_with_bad_input_writes_nothing(observer: Harness, redis: 
             k.run(run.run_id),
             k.history(run.run_id),
             k.turn(run.run_id, 1),
-            k.events(),
-            k.finished(),
-            k.active(),
+            k.events(k.shard_of(run.run_id)),
+            k.finished(k.shard_of(run.run_id)),
+            k.active(k.shard_of(run.run_id)),
             "1",
             "0",
             "{}",
@@ -420,5 +422,9 @@ async def test_start_run_with_the_same_key_starts_one_run(observer: Harness, red
     again = await gw.start_run("once", requested_by="U1", idempotency_key="trigger-1")
     other = await gw.start_run("once", requested_by="U1", idempotency_key="trigger-2")
     assert again.run_id == first.run_id != other.run_id
-    assert await redis.xlen(observer.keys.jobs()) == 2  # one start job per run
-    assert await redis.zcard(observer.keys.user_runs("U1")) == 2
+    k = observer.keys
+    # A key's run lives in the key's shard, with its one start job.
+    assert k.shard_of(first.run_id) == k.shard_for("trigger-1")
+    assert k.shard_of(other.run_id) == k.shard_for("trigger-2")
+    assert sum([await redis.xlen(k.jobs(s)) for s in k.all_shards()]) == 2
+    assert sum([await redis.zcard(k.user_runs("U1", s)) for s in k.all_shards()]) == 2

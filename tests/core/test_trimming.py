@@ -15,7 +15,7 @@ async def fill(redis: Redis, stream: str, n: int) -> list[str]:
 
 
 async def test_nothing_is_trimmed_before_a_group_reads_it(redis: Redis) -> None:
-    stream = Keys("t").events()
+    stream = Keys("t").events(0)
     ids = await fill(redis, stream, 10)
     assert await trim_events(redis, stream, hard_cap=1000) == 0  # no group yet: keep all
     await redis.xgroup_create(stream, "bot", id="0")
@@ -37,7 +37,7 @@ async def test_nothing_is_trimmed_before_a_group_reads_it(redis: Redis) -> None:
 
 
 async def test_the_hard_cap_drops_the_oldest_entries(redis: Redis) -> None:
-    stream = Keys("t").events()
+    stream = Keys("t").events(0)
     await redis.xgroup_create(stream, "bot", id="0", mkstream=True)
     await fill(redis, stream, 30)
     assert await trim_events(redis, stream, hard_cap=20) == 10
@@ -45,7 +45,7 @@ async def test_the_hard_cap_drops_the_oldest_entries(redis: Redis) -> None:
 
 
 async def test_dead_consumers_with_nothing_pending_are_forgotten(redis: Redis) -> None:
-    stream = Keys("t").events()
+    stream = Keys("t").events(0)
     await fill(redis, stream, 2)
     await redis.xgroup_create(stream, "bot", id="0")
     await redis.xreadgroup("bot", "web-dead", {stream: ">"}, count=1)  # left pending

@@ -18,7 +18,6 @@ from redis.asyncio import Redis
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent_core import Gateway, scripts
-from agent_core.gateway import new_gate_id
 from agent_core.runner import Runner
 from tests.agents import ops
 from tests.bot.conftest import APPROVER, APPROVER2, CHANNEL, GROUP_MEMBER, REQUESTER, BotHarness
@@ -92,7 +91,7 @@ class GatePool:
                 "id": f"c{i}",
                 "name": "delete_user",
                 "args": {"user_id": str(i)},
-                "gate_id": new_gate_id(),
+                "gate_id": k.new_gate_id(k.shard_of(run.run_id)),
             }
             for i in range(self.per_run)
         ]
@@ -114,9 +113,10 @@ class GatePool:
 
         async def done() -> bool:
             cards = [
-                await self.redis.hget(k.ext("slack-card", g.gate_id), "ts") for g in self.gates
+                await self.redis.hget(k.ext("slack-card", g.gate_id, k.shard_of(g.gate_id)), "ts")
+                for g in self.gates
             ]
-            locks = await self.redis.keys(k.ext("slack-lock", "*"))
+            locks = await self.redis.keys("{" + k.prefix + "*:ext:slack-lock:*")
             return all(cards) and not locks
 
         loop = asyncio.get_running_loop()

@@ -107,7 +107,11 @@ async def test_an_approved_call_of_a_cancelled_run_does_not_show_running(
     async def two_cards() -> list[Any]:
         gates = await live.gateway.pending_gates(run_id)
         k = live.keys
-        posted = [g for g in gates if await live.redis.hget(k.ext("slack-card", g.gate_id), "ts")]
+        posted = [
+            g
+            for g in gates
+            if await live.redis.hget(k.ext("slack-card", g.gate_id, k.shard_of(g.gate_id)), "ts")
+        ]
         return posted if len(posted) == 2 else []
 
     first, second = await wait_until(two_cards)
@@ -313,7 +317,12 @@ async def test_a_web_killed_while_posting_a_card_leaves_one_card(
         webs.append(await start_web(server.url, fake_slack, tmp_path / "web.log"))
 
         async def adopted() -> bool:
-            return bool(await redis.hget(Keys("t").ext("slack-card", gate_id), "ts") == posted)
+            return bool(
+                await redis.hget(
+                    Keys("t").ext("slack-card", gate_id, Keys("t").shard_of(gate_id)), "ts"
+                )
+                == posted
+            )
 
         await wait_until(adopted, timeout=15)
         slack = SlackClient(webs[1].events_url, SIGNING_SECRET, fake=fake_slack)

@@ -227,7 +227,9 @@ async def test_a_button_value_naming_a_gate_of_another_run(
     # Gate B's run is someone else's: make REQUESTER2 its requester.
     await redis.hset(bot.keys.gate(gate_b.gate_id), "requested_by", REQUESTER2)
     card_a_ts = await wait_until(
-        lambda: redis.hget(bot.keys.ext("slack-card", gate_a.gate_id), "ts")
+        lambda: redis.hget(
+            bot.keys.ext("slack-card", gate_a.gate_id, bot.keys.shard_of(gate_a.gate_id)), "ts"
+        )
     )
     on_card_a: dict[str, Any] = {"message_ts": card_a_ts, "channel_id": CHANNEL}
 

@@ -32,6 +32,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from agent_core.keys import Keys
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import cards
 from bot.testing import FakeSlack, SlackClient
@@ -232,15 +233,25 @@ async def test_no_secret_in_logs_errors_or_slack_messages(processes: Processes) 
     assert not model.errors or all(not leaks(e) for e in model.errors)
 
 
+KEYS = Keys("sec")
+
+
 async def first_gate(admin: aioredis.Redis) -> str | None:
-    ids = await admin.zrange("{sec}:deadlines", 0, 0)
-    return str(ids[0]) if ids else None
+    for shard in KEYS.all_shards():
+        ids = await admin.zrange(KEYS.deadlines(shard), 0, 0)
+        if ids:
+            return str(ids[0])
+    return None
 
 
 async def run_done(admin: aioredis.Redis, task: str) -> bool:
-    ids = await admin.zrange(f"{{sec}}:user:{REQUESTER}:runs", 0, -1)
+    ids = [
+        r
+        for s in KEYS.all_shards()
+        for r in await admin.zrange(KEYS.user_runs(REQUESTER, s), 0, -1)
+    ]
     for run_id in ids:
-        run: dict[str, Any] = await admin.hgetall(f"{{sec}}:run:{run_id}")
+        run: dict[str, Any] = await admin.hgetall(KEYS.run(run_id))
         if run.get("task") == task:
             return run.get("status") in ("completed", "failed", "cancelled")
     return False

@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from bot.testing import HttpResult
-from tests.bot.conftest import REQUESTER, BotHarness, wait_until
+from tests.bot.conftest import REQUESTER, BotHarness, notifier_ready
 from tests.fuzz.pool import settle
 
 FORM = "application/x-www-form-urlencoded"
@@ -47,7 +47,7 @@ def logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
 async def test_ssl_check_gets_an_empty_200_and_does_nothing(
     bot: BotHarness, redis: Redis, logs: pytest.LogCaptureFixture
 ) -> None:
-    await wait_until(lambda: redis.exists(bot.keys.events()))  # the notifier's group exists
+    await notifier_ready(bot)  # the notifier's group exists
     before = await keys(redis)
     url = bot.client.url
     stale = str(int(time.time()) - 3600)
@@ -87,7 +87,7 @@ async def test_a_signed_command_carrying_ssl_check_starts_nothing(bot: BotHarnes
 async def test_anything_else_unsigned_is_still_refused(
     bot: BotHarness, redis: Redis, logs: pytest.LogCaptureFixture
 ) -> None:
-    await wait_until(lambda: redis.exists(bot.keys.events()))
+    await notifier_ready(bot)
     before = await keys(redis)
     command = bot.client.command_body("delete everything", user_id=REQUESTER)
     click = urlencode({"payload": json.dumps({"type": "block_actions", "actions": [{}]})})

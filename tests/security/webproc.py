@@ -44,7 +44,9 @@ class WebProcess:
         self.proc.wait(10)
 
 
-async def start_web(redis_url: str, fake: FakeSlack, log: Path, prefix: str = "t") -> WebProcess:
+async def start_web(
+    redis_url: str, fake: FakeSlack, log: Path, prefix: str = "t", **extra: str
+) -> WebProcess:
     """A ``web`` process (HTTP mode) on ``redis_url`` and the fake Slack; waits until healthy."""
     port = free_port()
     env = {
@@ -59,6 +61,7 @@ async def start_web(redis_url: str, fake: FakeSlack, log: Path, prefix: str = "t
         "SLACK_API_URL": fake.base_url,
         "APPROVERS": APPROVER,
         "PORT": str(port),
+        **extra,
     }
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -89,19 +92,22 @@ def _text(path: Path) -> str:
 async def age_pending_events(redis: aioredis.Redis, consumer: str, prefix: str = "t") -> int:
     """Make the events a dead consumer left pending claimable at once, as they are once
     ``claim_idle_ms`` (30 s) has passed: XCLAIM them to itself with a large IDLE."""
-    stream = Keys(prefix).events()
-    pending = await redis.xpending_range(stream, GROUP, "-", "+", 1000, consumername=consumer)
-    ids = [p["message_id"] for p in pending]
-    if ids:
-        await redis.execute_command(
-            "XCLAIM", stream, GROUP, consumer, 0, *ids, "IDLE", 3_600_000, "JUSTID"
-        )
-    return len(ids)
+    keys, aged = Keys(prefix), 0
+    for shard in keys.all_shards():
+        stream = keys.events(shard)
+        pending = await redis.xpending_range(stream, GROUP, "-", "+", 1000, consumername=consumer)
+        ids = [p["message_id"] for p in pending]
+        if ids:
+            await redis.execute_command(
+                "XCLAIM", stream, GROUP, consumer, 0, *ids, "IDLE", 3_600_000, "JUSTID"
+            )
+        aged += len(ids)
+    return aged
 
 
 async def expire_locks(redis: aioredis.Redis, prefix: str = "t") -> int:
     """Let the card locks a killed process held expire now, as they do after LOCK_TTL_MS."""
-    locks = await redis.keys(Keys(prefix).ext("slack-lock", "*"))
+    locks = await redis.keys("{" + prefix + "*:ext:slack-lock:*")
     for key in locks:
         await redis.pexpire(key, 1)
     return len(locks)

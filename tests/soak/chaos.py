@@ -187,7 +187,11 @@ class Chaos:
         None while Redis is down (nothing observed)."""
         for attempt in range(3):  # a connection dropped by a Redis restart fails once
             try:
-                ids = await self.redis.zrange(self.keys.active(), 0, -1)
+                ids = [
+                    r
+                    for s in self.keys.all_shards()
+                    for r in await self.redis.zrange(self.keys.active(s), 0, -1)
+                ]
                 async with self.redis.pipeline(transaction=False) as pipe:
                     pipe.time()
                     for run_id in ids:

@@ -258,7 +258,11 @@ class People:
         """Learns run ids and new gates from Redis, and spawns each gate's fate."""
         known_ids: set[str] = set()
         while True:
-            ids = await self.safely(self.redis.zrange(self.keys.user_runs(REQUESTER), 0, -1), [])
+            ids = []
+            for shard in self.keys.all_shards():
+                ids += await self.safely(
+                    self.redis.zrange(self.keys.user_runs(REQUESTER, shard), 0, -1), []
+                )
             for run_id in [i for i in ids if i not in known_ids]:
                 task = await self.safely(self.redis.hget(self.keys.run(run_id), "task"))
                 plan = self.runs.get(task or "")

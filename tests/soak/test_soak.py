@@ -167,7 +167,7 @@ class Soak(People, Chaos, Verdict):
         self.decided_events: Counter[str] = Counter()  # gate id -> gate.decided events
         self.executed_events: Counter[str] = Counter()  # run id/call id -> tool.executed
         self.end_events: Counter[str] = Counter()  # run id -> run.completed/failed/cancelled
-        self.audited: set[str] = set()  # event ids already looked at
+        self.audited: set[tuple[str, str]] = set()  # (stream, event id) already looked at
         self.running_tools: dict[str, tuple[str, int]] = {}  # op -> (tool, pid), not ended
         self._journal_at = 0
         self.paused: subprocess.Popen[bytes] | None = None
@@ -228,7 +228,10 @@ class Soak(People, Chaos, Verdict):
     # ------------------------------------------------------------------ phases
     async def run(self) -> None:
         # Before anything is published: no event is trimmed before the audit has read it.
-        await self.redis.xgroup_create(self.keys.events(), AUDIT_GROUP, id="0", mkstream=True)
+        for shard in self.keys.all_shards():
+            await self.redis.xgroup_create(
+                self.keys.events(shard), AUDIT_GROUP, id="0", mkstream=True
+            )
         for p in (*self.workers, self.web):
             p.start()
         await self.wait_web()
@@ -295,9 +298,13 @@ class Soak(People, Chaos, Verdict):
         """Until the bot has handled every event, and every card shows its gate's state."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
-            groups = await self.safely(self.redis.xinfo_groups(self.keys.events()), [])
-            bot = next((g for g in groups if g.get("name") == "bot"), None)
-            if bot is not None and bot.get("pending") == 0 and bot.get("lag") == 0:
+            settled = True
+            for shard in self.keys.all_shards():
+                groups = await self.safely(self.redis.xinfo_groups(self.keys.events(shard)), [])
+                bot = next((g for g in groups if g.get("name") == "bot"), None)
+                if bot is None or bot.get("pending") != 0 or bot.get("lag") != 0:
+                    settled = False
+            if settled:
                 if not await self.card_problems():
                     return
             await asyncio.sleep(1.0)

@@ -55,7 +55,7 @@ class Verdict:
     decided_events: Counter[str]
     executed_events: Counter[str]
     end_events: Counter[str]
-    audited: set[str]
+    audited: set[tuple[str, str]]
     takeovers: dict[str, list[str]]
     workers: list[Proc]
     web: Proc
@@ -87,13 +87,16 @@ class Verdict:
     async def auditor(self) -> None:
         """Reads every event through the soak's own consumer group (nothing is trimmed
         before it has read it) and checks each gate opens and is decided once."""
-        stream = self.keys.events()
+        streams = [self.keys.events(s) for s in self.keys.all_shards()]
         backlog = True  # our own pending entries first (a reply lost to a Redis restart)
         while True:
             try:
                 if backlog:
-                    with contextlib.suppress(ResponseError):
-                        await self.redis.xgroup_create(stream, AUDIT_GROUP, id="0", mkstream=True)
+                    for stream in streams:
+                        with contextlib.suppress(ResponseError):
+                            await self.redis.xgroup_create(
+                                stream, AUDIT_GROUP, id="0", mkstream=True
+                            )
                     n = await self.audit_once("0", block=None)
                     backlog = n > 0
                 else:
@@ -103,20 +106,20 @@ class Verdict:
                 await asyncio.sleep(0.5)
 
     async def audit_once(self, start: str, block: int | None) -> int:
-        stream = self.keys.events()
-        reply = await self.redis.xreadgroup(
-            AUDIT_GROUP, "soak", {stream: start}, count=500, block=block
-        )
-        ids = []
-        for _s, entries in reply or []:
+        streams = {self.keys.events(s): start for s in self.keys.all_shards()}
+        reply = await self.redis.xreadgroup(AUDIT_GROUP, "soak", streams, count=500, block=block)
+        n = 0
+        for stream, entries in reply or []:
+            ids = []
             for msg_id, fields in entries:
                 ids.append(msg_id)
-                if fields and msg_id not in self.audited:
-                    self.audited.add(msg_id)
+                if fields and (stream, msg_id) not in self.audited:
+                    self.audited.add((stream, msg_id))
                     self.audit(msg_id, fields)
-        if ids:
-            await self.redis.xack(stream, AUDIT_GROUP, *ids)
-        return len(ids)
+            if ids:
+                await self.redis.xack(stream, AUDIT_GROUP, *ids)
+            n += len(ids)
+        return n
 
     def audit(self, msg_id: str, fields: dict[str, str]) -> None:
         kind, run_id = fields.get("type", ""), fields.get("run_id", "")
@@ -171,7 +174,12 @@ class Verdict:
             statuses[gate_id] = await self.gate_status(gate_id) or "?"
         recorded: dict[str, str] = {}
         for gate_id in self.gates:
-            card = await self.safely(self.redis.hgetall(self.keys.ext("slack-card", gate_id)), {})
+            card = await self.safely(
+                self.redis.hgetall(
+                    self.keys.ext("slack-card", gate_id, self.keys.shard_of(gate_id))
+                ),
+                {},
+            )
             recorded[gate_id] = card.get("ts", "")
         self.orphans = set()
         for msg in self.slack.messages:
@@ -191,7 +199,12 @@ class Verdict:
                         problems.append(f"message {msg.ts} has live buttons for {st} {gid}")
         for gate_id, st in statuses.items():
             rec = self.gates[gate_id]
-            card = await self.safely(self.redis.hgetall(self.keys.ext("slack-card", gate_id)), {})
+            card = await self.safely(
+                self.redis.hgetall(
+                    self.keys.ext("slack-card", gate_id, self.keys.shard_of(gate_id))
+                ),
+                {},
+            )
             msg = self.slack.message(card.get("channel", ""), card.get("ts", "")) if card else None
             if msg is None:
                 problems.append(f"gate {gate_id} ({st}) has no card")

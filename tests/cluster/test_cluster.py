@@ -1,0 +1,286 @@
+"""The gateway on a real Redis Cluster (3 masters + 3 replicas on loopback).
+
+Runs spread over the masters by shard; the gate's promises hold on the cluster as on one node
+(a gate decided once, an approved call run once, expiry by the sweeper, the per-user index
+across shards); a master killed while runs on its shards are paused loses no acknowledged
+decision (each waited for a replica); a slot moved while clicks arrive loses nothing; and the
+Slack flow works with every process on the cluster client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+import redis.exceptions as redis_errors
+from openai import AsyncOpenAI
+from redis.asyncio import Redis
+
+from agent_core import Gateway, Keys, RunStatus, Settings
+from agent_core.connections import connect_redis
+from agent_core.streams import is_cluster
+from agent_core.testing import FakeOpenAI, call, reply
+from agent_core.worker import Worker
+from tests import redis_cluster
+from tests.agents import ops, read_journal
+from tests.redis_cluster import ClusterServer, SlotMigration, key_slot
+
+pytestmark = pytest.mark.timeout(180)
+
+cluster_server = redis_cluster.cluster_server
+clean_cluster = redis_cluster.clean_cluster
+
+T = TypeVar("T")
+# What a client may see while a master is failing over or a slot is moving.
+TRANSIENT = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.ClusterDownError,
+    redis_errors.ClusterError,
+    redis_errors.TryAgainError,
+)
+
+
+def settings(url: str, fake: FakeOpenAI, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "REDIS_URL": url,
+        "OPENAI_BASE_URL": fake.base_url,
+        "OPENAI_API_KEY": "sk-test-not-a-secret",
+        "OPENAI_MODEL": "fake-model",
+        "OPENAI_MAX_RETRIES": 2,
+        "KEY_PREFIX": "c",
+        "APPROVAL_TIMEOUT": 60,
+        "WORKER_LEASE": 1.0,
+        "SWEEP_INTERVAL": 0.05,
+    }
+    values.update(overrides)
+    return Settings.from_env(**values)
+
+
+async def retrying(op: Callable[[], Awaitable[T]], seen: Counter[str], deadline: float = 20) -> T:
+    """``op``, retried through a failover or a slot move, as a person clicks again."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            return await op()
+        except TRANSIENT as exc:
+            seen[type(exc).__name__] += 1
+            if time.monotonic() > end:
+                raise
+            await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def client(clean_cluster: ClusterServer) -> AsyncIterator[Redis]:
+    redis = await connect_redis(clean_cluster.url)  # detects the cluster by itself
+    assert is_cluster(redis)
+    try:
+        yield redis
+    finally:
+        await redis.aclose()
+
+
+class InProcess:
+    """A Gateway and a Worker on the cluster client, in the test's event loop."""
+
+    def __init__(self, redis: Redis, s: Settings) -> None:
+        self.keys = Keys(s.key_prefix, s.shards)
+        self.gateway = Gateway(
+            redis, self.keys, agent_name=ops.name, decision_replicas=s.decision_replicas
+        )
+        self.openai = AsyncOpenAI(api_key="sk-test", base_url=s.openai_base_url, max_retries=0)
+        self.worker = Worker(redis, ops, self.openai, s)
+        self.task = asyncio.create_task(self.worker.run())
+
+    async def close(self) -> None:
+        self.worker.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(self.task, 15)
+        await self.openai.close()
+
+
+@pytest.fixture
+async def node(
+    client: Redis, clean_cluster: ClusterServer, fake_openai: FakeOpenAI, journal: Path
+) -> AsyncIterator[InProcess]:
+    p = InProcess(client, settings(clean_cluster.url, fake_openai, DECISION_REPLICAS=1))
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+@pytest.fixture
+def journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "journal.txt"
+    monkeypatch.setenv("TEST_JOURNAL", str(path))
+    return path
+
+
+def script_deletes(fake: FakeOpenAI, tasks: dict[str, str]) -> None:
+    for task, user in tasks.items():
+        fake.script(task, [call("delete_user", {"user_id": user}), reply(f"done {user}")])
+
+
+async def test_runs_spread_over_the_masters(
+    client: Redis, clean_cluster: ClusterServer, fake_openai: FakeOpenAI
+) -> None:
+    keys = Keys("c")
+    gw = Gateway(client, keys, agent_name=ops.name)
+    runs = [await gw.start_run(f"task {i}", requested_by="U1") for i in range(48)]
+    masters = Counter(clean_cluster.master_of_key(keys.run(r.run_id)) for r in runs)
+    assert len(masters) == 3, masters  # 16 shards over 3 masters
+    # Every key of a run is in its shard's slot, with that shard's jobs stream.
+    for r in runs[:5]:
+        slot = key_slot(keys.run(r.run_id))
+        shard = keys.shard_of(r.run_id)
+        assert {key_slot(k) for k in (keys.history(r.run_id), keys.jobs(shard))} == {slot}
+    # The per-user index reads every shard.
+    mine = await gw.runs_for_user("U1", limit=100)
+    assert sorted(r.run_id for r in mine) == sorted(r.run_id for r in runs)
+    # Idempotent starts land in the key's shard, on whichever master has it.
+    again = await gw.start_run("task x", requested_by="U1", idempotency_key="trigger-7")
+    assert (await gw.start_run("task x", requested_by="U1", idempotency_key="trigger-7")) == again
+
+
+async def test_the_gate_promises_hold_on_the_cluster(
+    node: InProcess, clean_cluster: ClusterServer, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    tasks = {f"delete {i}": str(i) for i in range(12)}
+    script_deletes(fake_openai, tasks)
+    gw = node.gateway
+    runs = [await gw.start_run(t, requested_by="U1") for t in tasks]
+    assert len({clean_cluster.master_of_key(node.keys.run(r.run_id)) for r in runs}) >= 2
+    for r in runs:
+        assert (await gw.wait(r.run_id, "awaiting_approval", timeout=30)).status is (
+            RunStatus.AWAITING_APPROVAL
+        )
+    gates = [(await gw.pending_gates(r.run_id))[0] for r in runs]
+    # Two approvers race on every gate: one decision each.
+    results = await asyncio.gather(
+        *(gw.decide(g.gate_id, "approve", by="U2") for g in gates),
+        *(gw.decide(g.gate_id, "deny", by="U3", reason="no") for g in gates),
+    )
+    applied = Counter(g.gate_id for g in (r.gate for r in results if r.applied))
+    assert set(applied.values()) == {1} and len(applied) == len(gates)
+    approved = {r.gate.run_id for r in results if r.applied and r.gate.decided_by == "U2"}
+    for r in runs:
+        done = await gw.wait(r.run_id, timeout=30)
+        assert done.status is RunStatus.COMPLETED, done
+    # Each approved call ran exactly once; denied ones never.
+    ran = Counter(read_journal(str(journal)))
+    expected = {f"delete_user:{tasks[r.task]}" for r in runs if r.run_id in approved}
+    assert set(ran) == expected and set(ran.values()) <= {1}
+
+
+async def test_gates_expire_on_every_shard(
+    client: Redis, clean_cluster: ClusterServer, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    p = InProcess(client, settings(clean_cluster.url, fake_openai, APPROVAL_TIMEOUT=1))
+    try:
+        tasks = {f"expire {i}": str(i) for i in range(6)}
+        script_deletes(fake_openai, tasks)
+        runs = [await p.gateway.start_run(t, requested_by="U1") for t in tasks]
+        for r in runs:
+            await p.gateway.wait(r.run_id, timeout=30)
+            [gate] = await p.gateway.gates(r.run_id)
+            assert gate.status.value == "expired"
+        assert read_journal(str(journal)) == []
+    finally:
+        await p.close()
+
+
+async def test_a_master_failover_loses_no_acknowledged_decision(
+    node: InProcess, clean_cluster: ClusterServer, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    tasks = {f"failover {i}": str(i) for i in range(12)}
+    script_deletes(fake_openai, tasks)
+    gw, keys = node.gateway, node.keys
+    runs = [await gw.start_run(t, requested_by="U1") for t in tasks]
+    for r in runs:
+        await gw.wait(r.run_id, "awaiting_approval", timeout=30)
+    # The master with the most of these paused runs.
+    by_master = Counter(clean_cluster.master_of_key(keys.run(r.run_id)) for r in runs)
+    victim = by_master.most_common(1)[0][0]
+    on_victim = [r for r in runs if clean_cluster.master_of_key(keys.run(r.run_id)) == victim]
+    gates = {r.run_id: (await gw.pending_gates(r.run_id))[0] for r in runs}
+    # Every decision is acknowledged (returned) only once a replica has it (WAIT 1)...
+    started = time.perf_counter()
+    for r in on_victim:
+        assert (await gw.decide(gates[r.run_id].gate_id, "approve", by="U2")).applied
+    per_decision_ms = (time.perf_counter() - started) * 1000 / len(on_victim)
+    # ...so killing the master right after loses none of them.
+    failover = await asyncio.to_thread(clean_cluster.failover_master, victim)
+    seen: Counter[str] = Counter()
+    for r in runs:
+        if r in on_victim:
+            continue
+        res = await retrying(
+            lambda r=r: gw.decide(gates[r.run_id].gate_id, "approve", by="U2"), seen
+        )
+        assert res.applied
+    for r in on_victim:
+        gate = await retrying(lambda r=r: gw.get_gate(gates[r.run_id].gate_id), seen)
+        assert gate is not None and gate.status.value == "approved", gate
+    for r in runs:
+        done = await retrying(lambda r=r: gw.wait(r.run_id, timeout=60), seen, deadline=60)
+        assert done.status is RunStatus.COMPLETED, done
+    ran = Counter(read_journal(str(journal)))
+    assert ran == Counter(f"delete_user:{tasks[r.task]}" for r in runs), ran
+    print(
+        f"\nfailover: replica promoted in {failover.seconds:.2f} s; {len(on_victim)} paused runs "
+        f"on the killed master; decision with WAIT 1: {per_decision_ms:.2f} ms each; "
+        f"transient errors seen: {dict(seen)}"
+    )
+
+
+async def test_a_slot_moved_while_clicks_arrive_loses_nothing(
+    node: InProcess, clean_cluster: ClusterServer, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    gw, keys = node.gateway, node.keys
+    shard = 3
+    tasks = {f"moving {i}": str(i) for i in range(8)}
+    script_deletes(fake_openai, tasks)
+    # Runs in one shard (idempotency keys chosen to land there), so its slot carries them all.
+    runs = []
+    for i, task in enumerate(tasks):
+        key = next(f"k{i}-{n}" for n in range(10_000) if keys.shard_for(f"k{i}-{n}") == shard)
+        runs.append(await gw.start_run(task, requested_by="U1", idempotency_key=key))
+    for r in runs:
+        await gw.wait(r.run_id, "awaiting_approval", timeout=30)
+    gates = [(await gw.pending_gates(r.run_id))[0] for r in runs]
+    slot = key_slot(keys.tag(shard))
+    source = clean_cluster.node_for_slot(slot)
+    target = next(m for m in clean_cluster.masters() if m != source)
+    migration = SlotMigration(clean_cluster, [slot], target)
+
+    def migrate() -> None:
+        """The operator's resharding, a few keys at a time, as clicks keep arriving."""
+        migration.begin()
+        while migration.move_keys(3):
+            time.sleep(0.05)
+        migration.finish()
+
+    moving = asyncio.create_task(asyncio.to_thread(migrate))
+    seen: Counter[str] = Counter()
+    for g in gates:  # while the slot's keys are split between two masters
+        await asyncio.sleep(0.05)
+        res = await retrying(lambda g=g: gw.decide(g.gate_id, "approve", by="U2"), seen)
+        assert res.applied
+    await moving
+    assert clean_cluster.node_for_slot(slot) == target
+    for r in runs:
+        done = await retrying(lambda r=r: gw.wait(r.run_id, timeout=60), seen, deadline=60)
+        assert done.status is RunStatus.COMPLETED, done
+    assert Counter(read_journal(str(journal))) == Counter(
+        f"delete_user:{tasks[r.task]}" for r in runs
+    )
+    print(f"\nresharding: transient errors the clickers saw (and retried): {dict(seen)}")
+    # Move it back: the module's other tests expect the cluster as it was.
+    await asyncio.to_thread(clean_cluster.migrate_slots, [slot], source)
