@@ -83,10 +83,11 @@ Windows (`time.perf_counter`). **pause** = model turn 1's answer received → th
 durable (ours: the worker's job finished: gates opened, run `awaiting_approval`, job
 acknowledged, lease released; SDK: `SET` returned; LangGraph: `ainvoke` returned the
 interrupts). **resume** = the first approval made → the final answer, minus model turn 2:
-it includes reading the history back from Redis and decoding it (ours: `LRANGE` + `json.loads`
-of every message; SDK: `GET` + `from_json`; LangGraph: the saver's reads). **full cycle** =
+it includes reading the history back from Redis (ours: one script doing `LRANGE`; the stored
+JSON of each message is spliced into the request body as it is, never decoded; SDK: `GET` +
+`from_json`; LangGraph: the saver's reads and decoding). **full cycle** =
 pause + resume. The peers' stub models get their message lists in-process: no HTTP, no request
-body. Ours encodes one (openai-python copies the request options and JSON-encodes the body
+body. Ours builds one (joining the stored messages; openai-python copies the request options
 inside `post`): that is measured on its own, from `post` being called to openai-python's
 `_prepare_request` hook receiving the built request, and shown beside the headline, not in
 it; the rest of the model call (HTTP, the fake, parsing the answer) is excluded for everyone.
@@ -136,10 +137,11 @@ NOTES = """\
 - **LangGraph's saver** stores every checkpoint as one RedisJSON document holding all
   channel values, so each superstep with `durability="sync"` writes the whole history again:
   its bytes written grow with N, where ours stay flat.
-- **Part 3's what-if rows.** openai-python's `chat.completions.create` walks every message
-  through its parameter transform in Python (about 160 ms of event-loop time per call at
-  1,000 messages, measured); the what-if posts the same parameters as they are. Our worker
-  posts with `client.post` (agent_core/runner.py), so it no longer pays that transform.
+- **No what-if rows any more.** openai-python's `chat.completions.create` walks every
+  message through its parameter transform in Python (about 160 ms of event-loop time per
+  call at 1,000 messages, measured); the what-if rows posted the parameters as they are.
+  That is what the worker does now (`client.post` with the request body built from the
+  stored history, agent_core/runner.py), so the rows were dropped.
 """
 
 NOT_RUN_STACK = """\
@@ -322,7 +324,7 @@ async def amain(args: argparse.Namespace) -> int:
         total, seconds, conc = (300, 4.0, 64) if quick else (3000, 15.0, 64)
         tp = await run_throughput_bench(
             [1, 2, 4],
-            whatif_workers=[1] if quick else [1, 2],
+            whatif_workers=[],  # the what-if (skip openai's transform) is what the worker does now
             total=total,
             seconds=seconds,
             concurrency=conc,

@@ -594,8 +594,9 @@ def target_lines(res: PauseResults) -> list[str]:
         lines.append(
             f"- Where ours' time goes: from {lo:,} to {hi:,} pairs our resume grows by "
             f"{ms(grew)} ms ({ms(med('resume', lo))} → {ms(med('resume', hi))}); reading and "
-            f"decoding the history once (`LRANGE` + `json.loads` of every message, which is "
-            f"what grows in the prep window) grows by {ms(read)} ms. The rest of the cycle "
+            f"splicing the history once (one `LRANGE` in a script; the stored JSON joined "
+            f"into the request body, never decoded: what grows in the prep window, which is "
+            f"not in the cycle) grows by {ms(read)} ms. The rest of the cycle "
             f"({ms(med('cycle', lo))} ms at {lo:,} pairs) is fixed: round trips and Lua "
             "scripts (the commands table above)."
         )
