@@ -336,7 +336,7 @@ class Gateway:
         return Gate.from_hash(h) if h else None
 
     async def gates(self, run_id: str) -> list[Gate]:
-        """Every gate the run opened, oldest first."""
+        """Every gate the run opened: by turn, and within a turn in the order of its calls."""
         if not valid_run_id(run_id, self.keys):
             return []
         ids = await self.redis.smembers(self.keys.run_gates(run_id))
@@ -346,10 +346,10 @@ class Gateway:
             for g in ids:
                 pipe.hgetall(self.keys.gate(g))
             hashes = await pipe.execute()
-        return sorted((Gate.from_hash(h) for h in hashes if h), key=lambda g: g.created_at)
+        return sorted((Gate.from_hash(h) for h in hashes if h), key=lambda g: g.sort_key)
 
     async def pending_gates(self, run_id: str) -> list[Gate]:
-        """The run's gates still waiting for a decision."""
+        """The run's gates still waiting for a decision, in the order of their calls."""
         return [g for g in await self.gates(run_id) if g.status is GateStatus.PENDING]
 
     async def decide(
@@ -365,7 +365,8 @@ class Gateway:
 
         The first decision wins; every later one (a double click, a second approver, a click
         racing the expiry) gets ``applied=False`` and the gate as the first decision left it.
-        A decision arriving after the deadline turns the gate ``expired``.
+        A decision arriving after the deadline turns the gate ``expired``. ``reason`` reaches
+        the model with the outcome, for an approval as for a denial.
 
         ``args_hash`` is the arguments hash the decider was shown (a Slack card carries it in
         its buttons). When given, it must be the gate's, or :class:`ArgsHashMismatch` is
@@ -377,6 +378,86 @@ class Gateway:
             raise ValueError("by is required")
         return await self._apply(gate_id, decision.status.value, by, reason, args_hash or "")
 
+    async def decide_call(
+        self,
+        run_id: str,
+        call_id: str,
+        decision: Decision | str,
+        by: str,
+        reason: str | None = None,
+        *,
+        args_hash: str | None = None,
+    ) -> DecideResult:
+        """Decide the gate of one tool call, named by its run and the model's call id, as
+        :meth:`decide` does (the latest turn holding that call id is the one decided).
+
+        :class:`RunNotFound` for an unknown run, :class:`GateNotFound` when the call does
+        not exist or needed no approval.
+        """
+        decision = Decision(decision)
+        if not by:
+            raise ValueError("by is required")
+        gate_id = await self._gate_of_call(run_id, call_id)
+        return await self._apply(gate_id, decision.status.value, by, reason, args_hash or "")
+
+    async def _gate_of_call(self, run_id: str, call_id: str) -> str:
+        if not valid_run_id(run_id, self.keys):
+            raise RunNotFound(f"no run {run_id[:40]!r}")
+        if not isinstance(call_id, str) or not 0 < len(call_id) <= 200:
+            raise GateNotFound(f"run {run_id} has no call {str(call_id)[:40]!r}")
+        k = self.keys
+        turn = await self.redis.hget(k.run(run_id), "turn")
+        if turn is None:
+            raise RunNotFound(f"no run {run_id!r}")
+        turns = range(int(turn), 0, -1)  # newest first: a server may reuse call ids
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for n in turns:
+                pipe.hget(k.turn(run_id, n), f"call:{call_id}")
+            records = await pipe.execute()
+        raw = next((r for r in records if r), None)
+        if raw is None:
+            raise GateNotFound(f"run {run_id} has no call {call_id!r}")
+        gate_id = json.loads(raw).get("gate_id")
+        if not isinstance(gate_id, str) or not gate_id:
+            raise GateNotFound(f"call {call_id!r} of run {run_id} needed no approval")
+        return gate_id
+
+    async def decide_many(
+        self,
+        gate_ids: Iterable[str],
+        decision: Decision | str,
+        by: str,
+        reason: str | None = None,
+    ) -> list[DecideResult]:
+        """Approve or deny several gates (e.g. every pending gate of a turn): one result per
+        gate, in the order given.
+
+        Each gate is decided atomically and exactly once, as by :meth:`decide`. A gate
+        someone already decided is left as it is (``applied=False``, with their decision).
+        A run resumes once, when its last pending gate is decided. :class:`GateNotFound`,
+        before anything is decided, when a gate does not exist.
+        """
+        decision = Decision(decision)
+        if not by:
+            raise ValueError("by is required")
+        ids = list(gate_ids)
+        k = self.keys
+        unknown = [g for g in ids if not valid_gate_id(g, k)]
+        run_ids: list[str | None] = []
+        if ids and not unknown:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for g in ids:
+                    pipe.hget(k.gate(g), "run_id")
+                run_ids = await pipe.execute()
+            unknown = [g for g, r in zip(ids, run_ids, strict=True) if r is None]
+        if unknown:
+            shown = ", ".join(repr(g[:40]) for g in unknown[:5])
+            raise GateNotFound(f"no gate {shown}; nothing was decided")
+        return [
+            await self._apply(g, decision.status.value, by, reason, "", run_id=r)
+            for g, r in zip(ids, run_ids, strict=True)
+        ]
+
     async def expire(self, gate_id: str) -> DecideResult | None:
         """Expire a gate whose deadline has passed (the sweeper's path); None if not due."""
         try:
@@ -385,13 +466,21 @@ class Gateway:
             return None
 
     async def _apply(
-        self, gate_id: str, status: str, by: str, reason: str | None, seen_hash: str
+        self,
+        gate_id: str,
+        status: str,
+        by: str,
+        reason: str | None,
+        seen_hash: str,
+        *,
+        run_id: str | None = None,
     ) -> DecideResult:
         if not valid_gate_id(gate_id, self.keys):
             raise GateNotFound(f"no gate {gate_id[:40]!r}")
         k = self.keys
         shard = k.shard_of(gate_id)
-        run_id = await self.redis.hget(k.gate(gate_id), "run_id")
+        if run_id is None:
+            run_id = await self.redis.hget(k.gate(gate_id), "run_id")
         if run_id is None or not valid_run_id(run_id, k) or k.shard_of(run_id) != shard:
             raise GateNotFound(f"no gate {gate_id!r}")
         keys = [k.gate(gate_id), k.run(run_id), k.deadlines(shard), k.jobs(shard), k.events(shard)]

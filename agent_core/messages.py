@@ -21,6 +21,13 @@ def denied(tool: str, by: str, reason: str | None) -> str:
     )
 
 
+def with_approval(output: str, by: str, reason: str | None) -> str:
+    """An approved call's output, followed by the approver's reason when they gave one."""
+    if not reason or not reason.strip():
+        return output
+    return f"{output}\n\nApproved by {by or 'someone'}: {reason.strip()}"
+
+
 def expired(tool: str, timeout: float) -> str:
     return (
         f"Not executed: the approval request for this call to {tool} timed out. No decision "

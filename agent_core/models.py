@@ -124,6 +124,7 @@ class Gate(BaseModel):
     nested: bool = False
     decided_hash: str | None = None  # the arguments hash the decider saw
     closed_by_failure: bool = False  # cancelled because the run failed
+    index: int | None = None  # the call's position in its turn (None: a gate of an older core)
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Gate:
@@ -149,11 +150,18 @@ class Gate(BaseModel):
             nested=h.get("nested") == "1",
             decided_hash=h.get("decided_hash") or None,
             closed_by_failure=h.get("closed_by_failure") == "1",
+            index=int(h["index"]) if h.get("index") else None,
         )
+
+    @property
+    def sort_key(self) -> tuple[int, bool, int, float]:
+        """Sort key: by turn, then by the call's position in it (gates opened before calls
+        carried a position come after, by creation time)."""
+        return (self.turn, self.index is None, self.index or 0, self.created_at)
 
 
 class DecideResult(BaseModel):
-    """The outcome of :meth:`Gateway.decide`.
+    """The outcome of :meth:`Gateway.decide` (one per gate of :meth:`Gateway.decide_many`).
 
     ``applied`` is true only for the one call that moved the gate out of ``pending``;
     every other call gets ``applied=False`` and the gate as the first decision left it.

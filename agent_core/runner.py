@@ -469,8 +469,8 @@ class Runner:
         th = await self.redis.hgetall(k.turn(run_id, turn))
         order: list[str] = json.loads(th.get("order") or "[]")
         results: dict[str, str] = {}
-        to_gate: list[dict[str, Any]] = []
-        for cid in order:
+        to_gate: list[tuple[int, dict[str, Any]]] = []
+        for index, cid in enumerate(order):
             call = json.loads(th[f"call:{cid}"])
             state = th.get(f"state:{cid}")
             t = self.agent.get_tool(call["name"])
@@ -478,7 +478,7 @@ class Runner:
             if state == "done":
                 out = th.get(f"result:{cid}", "")
             elif state == "needs_gate":
-                to_gate.append(call)
+                to_gate.append((index, call))
                 continue
             elif t is None:  # the agent lost the tool between turns (redeploy)
                 out = await self._settle(
@@ -487,7 +487,9 @@ class Runner:
             elif state == "ready":
                 out = await self._execute(run, turn, call, t, None, fence)
             elif state == "claimed":
-                out = await self._execute(run, turn, call, t, call.get("gate_id"), fence)
+                gate_id = call.get("gate_id")
+                approval = await self._approval(gate_id) if gate_id else None
+                out = await self._execute(run, turn, call, t, gate_id, fence, approval)
             elif state == "gated":
                 gated = await self._apply_gate(run, turn, call, t, fence)
                 if gated is None:
@@ -499,7 +501,9 @@ class Runner:
                 return None  # the run stopped (cancelled): nothing more starts
             results[cid] = out
         if to_gate:
-            await self._open_gates(run, turn, to_gate, fence)
+            await self._open_gates(
+                run, turn, [c for _, c in to_gate], fence, [i for i, _ in to_gate]
+            )
             return None
         after = await self._finish(
             keys=[k.run(run_id), k.history(run_id)],
@@ -529,7 +533,8 @@ class Runner:
             seen = gate.decided_hash or gate.args_hash
             if seen != args_hash(call["args"]):
                 return await self._settle(run, turn, call, messages.args_changed(t.name), fence)
-            return await self._execute(run, turn, call, t, gate.gate_id, fence)
+            approval = (gate.decided_by or "", gate.reason)
+            return await self._execute(run, turn, call, t, gate.gate_id, fence, approval)
         if gate.status is GateStatus.DENIED:
             text = messages.denied(t.name, gate.decided_by or "someone", gate.reason)
         elif gate.status is GateStatus.EXPIRED:
@@ -537,6 +542,13 @@ class Runner:
         else:
             text = messages.cancelled(t.name, gate.decided_by or "")
         return await self._settle(run, turn, call, text, fence)
+
+    async def _approval(self, gate_id: str) -> tuple[str, str | None] | None:
+        """Who approved the gate and why (None unless it was approved)."""
+        status, by, reason = await self.redis.hmget(
+            self.keys.gate(gate_id), ["status", "decided_by", "reason"]
+        )
+        return (by or "", reason) if status == GateStatus.APPROVED.value else None
 
     async def _settle(
         self, run: dict[str, str], turn: int, call: dict[str, Any], text: str, fence: str
@@ -559,10 +571,13 @@ class Runner:
         t: Tool,
         gate_id: str | None,
         fence: str,
+        approval: tuple[str, str | None] | None = None,
     ) -> str | None:
         """Run a call at most once: claimed before it starts, done after it ends.
 
-        None when the run stopped (cancelled) before the call could start.
+        None when the run stopped (cancelled) before the call could start. ``approval`` (who
+        approved, and why) adds the approver's reason to what the model is told; the event
+        (and so the card) carries the tool's output alone.
         """
         run_id, cid = run["run_id"], call["id"]
         tkey = self.keys.turn(run_id, turn)
@@ -606,9 +621,10 @@ class Runner:
             "output": output[:EVENT_OUTPUT_CHARS],
             "origin": json.loads(run.get("origin") or "{}"),
         }
+        told = messages.with_approval(output, *approval) if approval else output
         res = await self._complete(
             keys=[self.keys.run(run_id), tkey, self.keys.events(self.keys.shard_of(run_id))],
-            args=[fence, cid, output, json.dumps(event)[:-1]],
+            args=[fence, cid, told, json.dumps(event)[:-1]],
         )
         if res == "lost":
             log.warning(
@@ -621,18 +637,25 @@ class Runner:
             raise LeaseLost(run_id)
         if res != "ok":
             return str(await self.redis.hget(tkey, f"result:{cid}") or "")
-        return output
+        return told
 
     async def _open_gates(
-        self, run: dict[str, str], turn: int, calls: list[dict[str, Any]], fence: str
+        self,
+        run: dict[str, str],
+        turn: int,
+        calls: list[dict[str, Any]],
+        fence: str,
+        indexes: list[int] | None = None,
     ) -> None:
+        """Open one gate per call. ``indexes``: each call's position among the turn's calls
+        (default: its position in ``calls``), by which gates are listed in call order."""
         run_id = run["run_id"]
         k = self.keys
         origin = json.loads(run.get("origin") or "{}")
         timeout = self.approval_timeout
         args: list[Any] = [fence, turn]
         gate_keys: list[str] = []
-        for call in calls:
+        for index, call in zip(indexes or range(len(calls)), calls, strict=True):
             t = self.agent.get_tool(call["name"])
             assert t is not None
             gid = call["gate_id"]
@@ -642,6 +665,7 @@ class Runner:
                 "run_id": run_id,
                 "call_id": call["id"],
                 "turn": str(turn),
+                "index": str(index),
                 "tool": t.name,
                 "description": t.description,
                 "args": json.dumps(call["args"], ensure_ascii=False),
@@ -658,6 +682,8 @@ class Runner:
                 "run_id": run_id,
                 "call_id": call["id"],
                 "turn": turn,
+                "index": index,
+                "turn_gates": len(calls),
                 "tool": t.name,
                 "description": t.description,
                 "args": call["args"],

@@ -183,7 +183,8 @@ redis.call('XDEL', KEYS[1], ARGV[2])
 return id
 """
 
-# Move a gate out of `pending`, exactly once.
+# Move a gate out of `pending`, exactly once. Gateway.decide_many calls it once per gate:
+# each gate is decided atomically, and only the last pending gate's decision resumes the run.
 # KEYS[1] gate hash, KEYS[2] run hash, KEYS[3] deadlines zset, KEYS[4] jobs stream,
 # KEYS[5] events stream
 # ARGV[1] gate id, ARGV[2] approved|denied|expired, ARGV[3] decided by, ARGV[4] reason,
@@ -380,8 +381,9 @@ return {ok = 'ok'}
 # KEYS[5] run gates set, KEYS[6..] one gate hash per gate, in ARGV order
 # ARGV[1] fence, ARGV[2] turn (guard),
 # then per gate 4 values: gate id, timeout in seconds, gate fields (flat JSON object of
-# strings), gate.opened event data JSON without its closing brace (created_at and deadline
-# are appended here)
+# strings, among them `index`: the call's position in the turn, by which gates are listed),
+# gate.opened event data JSON without its closing brace (created_at and deadline are
+# appended here)
 # Returns 'ok' | 'lost' | 'stopped' (not running at that turn) | 'stale' as status replies.
 OPEN_GATES = (
     _HELPERS

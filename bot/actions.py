@@ -5,6 +5,11 @@ Every handler acknowledges within Slack's 3 s. A decision is one atomic call int
 and the deny form are acknowledged once that call is durable, or after ACK_BUDGET_SECONDS
 with the clicker told that nothing is recorded yet. Approve and Deny carry
 ``<gate id>:<arguments hash>``: the core decides only when the hash is the gate's.
+
+A turn that opened several gates also has "Approve all N" / "Deny all" (``<run id>:<turn>:
+<digest of its gates>``): each click is authorized as one click on every pending gate of the
+turn, and decides them with ``decide_many`` (each gate atomically; a gate decided meanwhile
+is left as it is).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +50,10 @@ NOT_RECORDED_FORM = (
     "Try again in a moment."
 )
 RECORDED_NOW = "✅ Your {what} is recorded now."
+UNKNOWN_TURN = (
+    "That button does not match any approval requests I know of (it may be forged or out of "
+    "date), so nothing was decided."
+)
 
 
 @dataclass
@@ -312,6 +321,147 @@ class GateActions:
             outcome.applied = True
         await self._refresh(gate.gate_id)
 
+    # --- every pending gate of a turn at once ------------------------------------------
+    async def _load_turn(
+        self,
+        user_id: str,
+        value: str | None,
+        channel: str | None,
+        respond: Any,
+        *,
+        approve: bool,
+        external: bool,
+    ) -> list[Gate] | None:
+        """The gates of the turn a button names (in call order), if the clicker may decide
+        every pending one of them; otherwise tell them why and return None."""
+        tell = self.ctx.publisher.tell
+        parsed = cards.parse_turn_value(value) if value else None
+        gates = await self.ctx.publisher.turn_gates(*parsed[:2]) if parsed else []
+        if parsed is None or len(gates) < 2 or cards.turn_digest(gates) != parsed[2]:
+            await tell(user_id, UNKNOWN_TURN, channel=channel, respond=respond)
+            return None
+        pending = [g for g in gates if g.status is GateStatus.PENDING]
+        if not pending:
+            text = cards.decided_many_message(approve, [], [], gates)
+            await tell(user_id, text, channel=channel, respond=respond)
+            await self._refresh_turn(gates[0])
+            return None
+        for gate in pending:  # one refusal refuses the lot: nothing is decided
+            why = await self.ctx.approvers.why_not_decide(
+                user_id, gate, approve=approve, external=external
+            )
+            if why is not None:
+                await tell(user_id, why, channel=channel, respond=respond)
+                return None
+        return gates
+
+    async def approve_all(
+        self, body: dict[str, Any], respond: Any, outcome: Outcome, *, external: bool = True
+    ) -> None:
+        user_id, channel = _user_id(body), _channel(body)
+        if user_id is None:
+            return
+        gates = await self._load_turn(
+            user_id, _action_value(body), channel, respond, approve=True, external=external
+        )
+        if gates is not None:
+            await self._decide_turn(
+                user_id, gates, Decision.APPROVE, None, channel, respond, outcome
+            )
+
+    async def deny_all_clicked(
+        self, body: dict[str, Any], respond: Any, *, external: bool = True
+    ) -> None:
+        user_id, value, channel = _user_id(body), _action_value(body), _channel(body)
+        if user_id is None:
+            return
+        gates = await self._load_turn(
+            user_id, value, channel, respond, approve=False, external=external
+        )
+        if gates is None:
+            return
+        pending = [g for g in gates if g.status is GateStatus.PENDING]
+        meta = json.dumps({"turn": value, "channel": channel or ""})
+        try:
+            await self.ctx.client.views_open(
+                trigger_id=str(body.get("trigger_id") or ""),
+                view=cards.deny_all_modal(pending, meta),
+            )
+        except Exception as exc:
+            log.warning("views.open failed: %s", slack_error(exc))
+            await self.ctx.publisher.tell(
+                user_id,
+                "I could not open the deny form in time; nothing was decided. Click *Deny all* "
+                "again.",
+                channel=channel,
+                respond=respond,
+            )
+
+    async def deny_all_submitted(
+        self, body: dict[str, Any], outcome: Outcome, *, external: bool = True
+    ) -> None:
+        user_id, meta = _user_id(body), _metadata(body) or {}
+        value, channel = meta.get("turn"), str(meta.get("channel") or "") or None
+        if user_id is None:
+            return
+        raw_view = body.get("view")
+        reason = _reason(raw_view if isinstance(raw_view, dict) else {})
+        gates = await self._load_turn(
+            user_id,
+            value if isinstance(value, str) else None,
+            channel,
+            None,
+            approve=False,
+            external=external,
+        )
+        if gates is not None:
+            channel = channel or _origin_channel(gates[0])
+            await self._decide_turn(user_id, gates, Decision.DENY, reason, channel, None, outcome)
+
+    async def _decide_turn(
+        self,
+        user_id: str,
+        gates: list[Gate],
+        decision: Decision,
+        reason: str | None,
+        channel: str | None,
+        respond: Any,
+        outcome: Outcome,
+    ) -> None:
+        pending = [g.gate_id for g in gates if g.status is GateStatus.PENDING]
+        tell = self.ctx.publisher.tell
+        try:
+            results = await self.ctx.gateway.decide_many(pending, decision, user_id, reason)
+        except GateNotFound:
+            await tell(user_id, UNKNOWN_TURN, channel=channel, respond=respond)
+            return
+        outcome.channel = channel
+        outcome.durable.set()  # durable in Redis: the click may be acknowledged now
+        decided = {r.gate.gate_id: r for r in results}
+        mine: list[Gate] = []
+        late: list[Gate] = []  # expired before the click (the deadline had passed)
+        others: list[Gate] = []  # decided before the click
+        for gate in gates:
+            r = decided.get(gate.gate_id)
+            if r is None or not r.applied:
+                others.append(r.gate if r is not None else gate)
+            elif r.gate.status is decision.status:
+                mine.append(r.gate)
+            else:
+                late.append(r.gate)
+        outcome.applied = bool(mine)
+        text = cards.decided_many_message(decision is Decision.APPROVE, mine, late, others)
+        await tell(user_id, text, channel=channel, respond=respond)
+        for gate in mine + late:
+            await self._refresh(gate.gate_id)
+        await self._refresh_turn(gates[0])
+
+    async def _refresh_turn(self, gate: Gate) -> None:
+        try:
+            await self.ctx.publisher.show_turn(gate.run_id, gate.turn)
+        except Exception as exc:
+            log.warning("update of turn %s of %s deferred: %s", gate.turn, gate.run_id, exc)
+
     async def _refresh(self, gate_id: str) -> None:
         # Best effort: the notifier makes the same update from the gate.decided event.
         try:
@@ -374,25 +524,79 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
     # does not answer within the budget, the ack still goes out, and the clicker is told
     # that nothing is recorded yet, instead of an ack that looks like success.
 
+    async def ack_when_durable(
+        ack: Any,
+        body: dict[str, Any],
+        respond: Any,
+        what: str,
+        work: Callable[[Outcome], Awaitable[None]],
+    ) -> None:
+        outcome = Outcome()
+        user_id, channel = _user_id(body), _channel(body)
+        async with ctx.busy():
+            task = asyncio.ensure_future(_guard(ctx, body, respond, work(outcome)))
+            settled = await _settled_in_time(task, outcome)
+            await ack()
+            if not settled and user_id:
+                late = NOT_RECORDED_YET.format(what=what)
+                await tell(user_id, late, channel=channel, respond=respond)
+            await task
+            if not settled and outcome.applied and user_id:
+                now = RECORDED_NOW.format(what=what)
+                await tell(user_id, now, channel=channel, respond=respond)
+
+    async def submit_when_durable(
+        ack: Any, body: dict[str, Any], work: Callable[[Outcome], Awaitable[None]]
+    ) -> None:
+        outcome = Outcome()
+        async with ctx.busy():
+            task = asyncio.ensure_future(_guard(ctx, body, None, work(outcome)))
+            settled = await _settled_in_time(task, outcome)
+            if settled:
+                await ack()
+            else:  # the form stays open, saying so
+                await ack(response_action="errors", errors={cards.REASON_BLOCK: NOT_RECORDED_FORM})
+            await task
+            user_id = _user_id(body)
+            if not settled and outcome.applied and user_id:
+                now = RECORDED_NOW.format(what="denial") + " You can close the form."
+                await tell(user_id, now, channel=outcome.channel)
+
     @app.block_action(cards.APPROVE_ACTION)
     async def on_approve(
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:
-        outcome = Outcome()
         external = is_external(body, home_team(body, context))
-        user_id, channel = _user_id(body), _channel(body)
+        await ack_when_durable(
+            ack,
+            body,
+            respond,
+            "approval",
+            lambda outcome: actions.approve(body, respond, outcome, external=external),
+        )
+
+    @app.block_action(cards.TURN_APPROVE_ACTION)
+    async def on_approve_all(
+        ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
+    ) -> None:
+        external = is_external(body, home_team(body, context))
+        await ack_when_durable(
+            ack,
+            body,
+            respond,
+            "*Approve all*",
+            lambda outcome: actions.approve_all(body, respond, outcome, external=external),
+        )
+
+    @app.block_action(cards.TURN_DENY_ACTION)
+    async def on_deny_all(
+        ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
+    ) -> None:
+        await ack()
+        external = is_external(body, home_team(body, context))
         async with ctx.busy():
-            work = actions.approve(body, respond, outcome, external=external)
-            task = asyncio.ensure_future(_guard(ctx, body, respond, work))
-            settled = await _settled_in_time(task, outcome)
-            await ack()
-            if not settled and user_id:
-                late = NOT_RECORDED_YET.format(what="approval")
-                await tell(user_id, late, channel=channel, respond=respond)
-            await task
-            if not settled and outcome.applied and user_id:
-                now = RECORDED_NOW.format(what="approval")
-                await tell(user_id, now, channel=channel, respond=respond)
+            work = actions.deny_all_clicked(body, respond, external=external)
+            await _guard(ctx, body, respond, work)
 
     @app.block_action(cards.DENY_ACTION)
     async def on_deny(
@@ -411,21 +615,17 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
 
     @app.view(cards.DENY_CALLBACK)
     async def on_deny_reason(ack: Any, body: dict[str, Any], context: AsyncBoltContext) -> None:
-        outcome = Outcome()
         external = is_external(body, home_team(body, context))
-        async with ctx.busy():
-            work = actions.deny_submitted(body, outcome, external=external)
-            task = asyncio.ensure_future(_guard(ctx, body, None, work))
-            settled = await _settled_in_time(task, outcome)
-            if settled:
-                await ack()
-            else:  # the form stays open, saying so
-                await ack(response_action="errors", errors={cards.REASON_BLOCK: NOT_RECORDED_FORM})
-            await task
-            user_id = _user_id(body)
-            if not settled and outcome.applied and user_id:
-                now = RECORDED_NOW.format(what="denial") + " You can close the form."
-                await tell(user_id, now, channel=outcome.channel)
+        await submit_when_durable(
+            ack, body, lambda outcome: actions.deny_submitted(body, outcome, external=external)
+        )
+
+    @app.view(cards.TURN_DENY_CALLBACK)
+    async def on_deny_all_reason(ack: Any, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        external = is_external(body, home_team(body, context))
+        await submit_when_durable(
+            ack, body, lambda outcome: actions.deny_all_submitted(body, outcome, external=external)
+        )
 
     # Registered last: Bolt tries listeners in order, so this only catches the rest. Only
     # block_actions: legacy payloads are answered quietly (bot/quiet.py).

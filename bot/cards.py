@@ -34,6 +34,10 @@ APPROVE_ACTION = "gate_approve"
 DENY_ACTION = "gate_deny"
 ARGS_ACTION = "gate_args"
 DENY_CALLBACK = "gate_deny_reason"
+TURN_APPROVE_ACTION = "turn_approve_all"
+TURN_DENY_ACTION = "turn_deny_all"
+TURN_DENY_CALLBACK = "turn_deny_reason"
+CONFIRM_TEXT_LIMIT = 300  # a confirm dialog's text
 REASON_BLOCK = "reason"
 REASON_ACTION = "reason_input"
 REASON_MAX = 500
@@ -192,7 +196,10 @@ def outcome_line(gate: Gate) -> str:
     if s is GateStatus.PENDING:
         return f"⏳ Waiting for a decision · expires {fmt_date(gate.deadline)}"
     if s is GateStatus.APPROVED:
-        return f"✅ *Approved* by {user(gate.decided_by)} at {fmt_date(gate.decided_at)}"
+        line = f"✅ *Approved* by {user(gate.decided_by)} at {fmt_date(gate.decided_at)}"
+        if gate.reason:
+            line += "\n*Reason:* " + clip_escaped(gate.reason, REASON_MAX + 100)
+        return line
     if s is GateStatus.DENIED:
         line = (
             f"🚫 *Denied* by {user(gate.decided_by)} at {fmt_date(gate.decided_at)} — not executed"
@@ -361,6 +368,217 @@ def deny_modal(gate: Gate, private_metadata: str) -> dict[str, Any]:
             },
         ],
     }
+
+
+# --------------------------------------------------------------------------- several gates
+# A turn that opens two or more gates gets one more message in the thread: "Approve all N" /
+# "Deny all". Its buttons carry ``<run id>:<turn>:<digest>``; the digest covers every gate
+# of the turn and its arguments hash, so a forged or stale value decides nothing.
+_VERBS = {
+    GateStatus.APPROVED: "approved",
+    GateStatus.DENIED: "denied",
+    GateStatus.EXPIRED: "expired",
+    GateStatus.CANCELLED: "cancelled",
+}
+_ALL_EMOJI = {
+    GateStatus.APPROVED: "✅",
+    GateStatus.DENIED: "🚫",
+    GateStatus.EXPIRED: "⌛",
+    GateStatus.CANCELLED: "✖️",
+}
+
+
+def turn_digest(gates: list[Gate]) -> str:
+    """What the turn's buttons vouch for: its gates and their arguments (16 hex digits)."""
+    raw = "|".join(f"{g.gate_id}:{g.args_hash}" for g in sorted(gates, key=lambda g: g.gate_id))
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def turn_value(gates: list[Gate]) -> str:
+    """What "Approve all" and "Deny all" carry: ``<run id>:<turn>:<digest>``."""
+    g = gates[0]
+    return f"{g.run_id}:{g.turn}:{turn_digest(gates)}"
+
+
+def parse_turn_value(value: str) -> tuple[str, int, str] | None:
+    """``"<run id>:<turn>:<digest>"`` → ``(run id, turn, digest)``; None if malformed."""
+    parts = value.split(":")
+    if len(parts) != 3 or not parts[1].isdigit() or len(parts[1]) > 6:
+        return None
+    return parts[0], int(parts[1]), parts[2]
+
+
+def _names(gates: list[Gate], limit: int = 10) -> str:
+    shown = ", ".join(f"`{clip(escape(g.tool), 60)}`" for g in gates[:limit])
+    return shown + (f" and {len(gates) - limit} more" if len(gates) > limit else "")
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return one if n == 1 else many
+
+
+def _outcome_group(g: Gate) -> tuple[GateStatus, str | None, bool]:
+    by = g.decided_by if g.status in (GateStatus.APPROVED, GateStatus.DENIED) else None
+    return g.status, by, closed_by_failure(g)
+
+
+def _group_phrase(key: tuple[GateStatus, str | None, bool], n: int, already: bool) -> str:
+    status, by, failed = key
+    if failed:
+        return f"{n} closed: the run failed"
+    if status is GateStatus.CANCELLED:
+        return f"{n} cancelled with the run"
+    if status is GateStatus.EXPIRED:
+        return f"{n} had already expired" if already else f"{n} expired"
+    was = (_plural(n, "was", "were") + " already ") if already else ""
+    return f"{n} {was}{_VERBS[status]} by {user(by)}"
+
+
+def turn_summary(gates: list[Gate]) -> str:
+    """What became of a turn's gates, once none is pending: "✅ All 3 approved by @x", or
+    "☑️ 2 approved by @x; 1 was already denied by @y" (the latest decision first)."""
+    groups: dict[tuple[GateStatus, str | None, bool], list[Gate]] = {}
+    for g in gates:
+        groups.setdefault(_outcome_group(g), []).append(g)
+    keys = list(groups)
+    by_person = [k for k in keys if k[0] in (GateStatus.APPROVED, GateStatus.DENIED)]
+    lead = max(by_person or keys, key=lambda k: max(g.decided_at or 0 for g in groups[k]))
+    lead_gates = groups[lead]
+    reasons = {g.reason for g in lead_gates}
+    why = ""
+    if lead[1] and len(reasons) == 1 and (reason := reasons.pop()):
+        why = "\n*Reason:* " + clip_escaped(reason, REASON_MAX + 100)
+    if len(keys) == 1:
+        status, _, failed = lead
+        what = _group_phrase(lead, len(gates), False).split(" ", 1)[1]
+        emoji = "✖️" if failed else _ALL_EMOJI.get(status, "☑️")
+        return f"{emoji} All {len(gates)} {what}{why}"
+    start = min(g.decided_at or 0 for g in lead_gates)
+    parts = [_group_phrase(lead, len(lead_gates), False)]
+    for k in keys:
+        if k != lead:
+            done = max(g.decided_at or 0 for g in groups[k])
+            parts.append(_group_phrase(k, len(groups[k]), done <= start))
+    return "☑️ " + "; ".join(parts) + why
+
+
+def turn_card(gates: list[Gate]) -> Card:
+    """The "Approve all N" / "Deny all" message of a turn's gates (in call order): buttons
+    while any is pending, then what became of them."""
+    total = len(gates)
+    rid = clip_escaped(gates[0].run_id, 100)
+    pending = [g for g in gates if g.status is GateStatus.PENDING]
+    if not pending:
+        summary = turn_summary(gates)
+        blocks = [_section(summary), _context(f"Run `{rid}` · each card shows its call's outcome")]
+        return Card(text=clip(summary.split("\n", 1)[0], 300), blocks=blocks)
+    n = len(pending)
+    head = f"🔐 *{total} approval requests* in this turn: {_names(gates)}."
+    if n < total:
+        head += f" {n} still {_plural(n, 'waits', 'wait')} for a decision."
+    head += "\nDecide each on its card, or all of them at once."
+    every = "all" if n == total else "the remaining"
+    confirm_text = f"This approves {every} {n} tool {_plural(n, 'call', 'calls')} of run `{rid}`:"
+    for i, g in enumerate(pending):
+        line = f"\n• `{clip(escape(g.tool), 60)}`"
+        more = f"\n…and {n - i} more"
+        if len(confirm_text) + len(line) + (len(more) if i < n - 1 else 0) > CONFIRM_TEXT_LIMIT:
+            confirm_text += more
+            break
+        confirm_text += line
+    approve = _button(
+        f"Approve all {n}" if n == total else f"Approve remaining {n}",
+        TURN_APPROVE_ACTION,
+        turn_value(gates),
+        style="primary",
+    )
+    approve["confirm"] = {
+        "title": {"type": "plain_text", "text": clip(f"Approve {n} tool calls?", 100)},
+        "text": {"type": "mrkdwn", "text": confirm_text},
+        "confirm": {"type": "plain_text", "text": clip(f"Approve {n}", 30)},
+        "deny": {"type": "plain_text", "text": "Cancel"},
+        "style": "primary",
+    }
+    deny = _button(
+        "Deny all" if n == total else f"Deny remaining {n}",
+        TURN_DENY_ACTION,
+        turn_value(gates),
+        style="danger",
+    )
+    block_id = clip(f"turn:{gates[0].run_id}:{gates[0].turn}", 255)
+    blocks = [
+        _section(head),
+        {"type": "actions", "block_id": block_id, "elements": [approve, deny]},
+    ]
+    return Card(
+        text=f"{total} approval requests in this turn: approve or deny them all", blocks=blocks
+    )
+
+
+def deny_all_modal(pending: list[Gate], private_metadata: str) -> dict[str, Any]:
+    """The modal asking for one optional reason before denying every pending gate of a turn."""
+    n = len(pending)
+    return {
+        "type": "modal",
+        "callback_id": TURN_DENY_CALLBACK,
+        "private_metadata": private_metadata,
+        "title": {"type": "plain_text", "text": "Deny tool calls"},
+        "submit": {"type": "plain_text", "text": "Deny all"},
+        "close": {"type": "plain_text", "text": "Cancel"},
+        "blocks": [
+            _section(
+                f"Deny the {n} pending {_plural(n, 'call', 'calls')} of run "
+                f"`{clip_escaped(pending[0].run_id, 100)}`: {_names(pending, 20)}? The agent is "
+                "told who declined them and why, and not to retry. The reason goes to each."
+            ),
+            {
+                "type": "input",
+                "block_id": REASON_BLOCK,
+                "optional": True,
+                "label": {"type": "plain_text", "text": "Reason"},
+                "element": {
+                    "type": "plain_text_input",
+                    "action_id": REASON_ACTION,
+                    "multiline": True,
+                    "max_length": REASON_MAX,
+                },
+            },
+        ],
+    }
+
+
+def _was_decided(g: Gate) -> str:
+    """A gate decided before a click, in a few words: "denied by @y", "expired"."""
+    if closed_by_failure(g):
+        return "closed: the run failed"
+    if g.status is GateStatus.CANCELLED:
+        return "cancelled with the run"
+    if g.status is GateStatus.EXPIRED:
+        return "expired"
+    return f"{_VERBS[g.status]} by {user(g.decided_by)}"
+
+
+def decided_many_message(
+    approve: bool, mine: list[Gate], late: list[Gate], others: list[Gate]
+) -> str:
+    """What the clicker of "Approve all" / "Deny all" is told: the gates their click decided
+    (``mine``), those that had expired by then (``late``) and those decided before it
+    (``others``)."""
+    verb = "approved" if approve else "denied"
+    n = len(mine)
+    if mine:
+        text = f"{'✅' if approve else '🚫'} You {verb} {n} {_plural(n, 'call', 'calls')}: {_names(mine, 20)}."
+    else:
+        text = f"Nothing was {verb} by your click."
+    if late:
+        text += f"\nExpired before your click, not executed: {_names(late, 20)}."
+    if others:
+        items = ", ".join(f"`{clip(escape(g.tool), 60)}` ({_was_decided(g)})" for g in others[:20])
+        if len(others) > 20:
+            items += f" and {len(others) - 20} more"
+        left = _plural(len(others), "left as it was", "left as they were")
+        text += f"\nAlready decided before your click, {left}: {items}."
+    return text
 
 
 # --------------------------------------------------------------------------- run messages

@@ -128,8 +128,17 @@ class Notifier:
         if not isinstance(origin, dict) or not origin.get("channel"):
             return  # not started from Slack
         t = event.type
-        if t in (EventType.GATE_OPENED, EventType.GATE_DECIDED):
-            await self.publisher.show_gate(str(data["gate_id"]))
+        if t is EventType.GATE_OPENED:
+            gate_id = str(data["gate_id"])
+            await self.publisher.show_gate(gate_id)
+            if _int(data.get("turn_gates")) >= 2:
+                await self.publisher.show_turn(
+                    event.run_id, _int(data.get("turn")), post_for=gate_id
+                )
+        elif t is EventType.GATE_DECIDED:
+            gate = await self.publisher.show_gate(str(data["gate_id"]))
+            if gate is not None:  # its turn's "Approve all" message, if it has one
+                await self.publisher.show_turn(gate.run_id, gate.turn)
         elif t is EventType.TOOL_EXECUTED:
             await self._tool_executed(event.run_id, data, origin)
         elif t is EventType.RUN_STARTED:
@@ -212,6 +221,10 @@ class Notifier:
         text = cards.tool_message(str(data.get("tool") or "tool"), ok, in_doubt)
         marker = f"tool:{data.get('call_id') or ''}"
         await self.publisher.post_in_thread(run_id, origin, marker, [text])
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _gate_ids(value: object) -> list[str] | None:

@@ -5,7 +5,7 @@ Keeping the list here makes the coupling explicit; ``agent_core.Gateway`` satisf
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 from agent_core.models import DecideResult, Decision, Event, Gate, Run
@@ -46,6 +46,14 @@ class GatewayLike(Protocol):
         *,
         args_hash: str | None = ...,
     ) -> DecideResult: ...
+
+    async def decide_many(
+        self,
+        gate_ids: Iterable[str],
+        decision: Decision,
+        by: str,
+        reason: str | None = ...,
+    ) -> list[DecideResult]: ...
 
     async def cancel_run(self, run_id: str, by: str, reason: str | None = ...) -> Run: ...
 

@@ -19,15 +19,18 @@ import hashlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
+from agent_core.models import Gate, GateStatus
+
 from . import cards
 from .ports import GatewayLike
-from .store import CardRecord, Store
+from .store import CARD_NS, TURN_NS, CardRecord, Store, turn_ident
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +40,10 @@ TOO_BIG = frozenset({"invalid_blocks", "msg_blocks_too_long", "msg_too_long"})
 TRANSIENT_SLACK_ERRORS = frozenset(
     {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
 )
-# The message metadata every card carries (Slack's ``metadata`` on chat.postMessage).
+# The message metadata every card carries (Slack's ``metadata`` on chat.postMessage), and
+# every "Approve all" message of a turn.
 CARD_EVENT_TYPE = "approval_gate"
+TURN_EVENT_TYPE = "approval_turn"
 # Looking for a card whose post was never recorded: from this long before the attempt (clocks
 # differ), at most this many pages of this many messages.
 SEARCH_MARGIN_SECONDS = 600.0
@@ -87,17 +92,36 @@ def card_metadata(gate_id: str) -> dict[str, Any]:
     return {"event_type": CARD_EVENT_TYPE, "event_payload": {"gate_id": gate_id}}
 
 
-def shows_gate(message: Any, gate_id: str, bot_id: str | None) -> bool:
-    """Whether a message returned by conversations.* is a card of ``gate_id`` that we posted."""
+def turn_metadata(run_id: str, turn: int) -> dict[str, Any]:
+    """The metadata a turn's "Approve all" message is posted with."""
+    return {"event_type": TURN_EVENT_TYPE, "event_payload": {"run_id": run_id, "turn": str(turn)}}
+
+
+def shows(message: Any, metadata: dict[str, Any], bot_id: str | None) -> bool:
+    """Whether a message returned by conversations.* is one we posted with ``metadata``."""
     if not isinstance(message, dict):
         return False
     meta = message.get("metadata")
-    if not isinstance(meta, dict) or meta.get("event_type") != CARD_EVENT_TYPE:
+    if not isinstance(meta, dict) or meta.get("event_type") != metadata["event_type"]:
         return False
-    payload = meta.get("event_payload")
-    if not isinstance(payload, dict) or payload.get("gate_id") != gate_id:
+    if meta.get("event_payload") != metadata["event_payload"]:
         return False
     return bot_id is None or message.get("bot_id") == bot_id
+
+
+def shows_gate(message: Any, gate_id: str, bot_id: str | None) -> bool:
+    """Whether a message returned by conversations.* is a card of ``gate_id`` that we posted."""
+    return shows(message, card_metadata(gate_id), bot_id)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a card's record lives (its name and the store namespace) and the metadata its
+    message carries."""
+
+    ident: str
+    ns: str
+    metadata: dict[str, Any]
 
 
 class Publisher:
@@ -126,71 +150,122 @@ class Publisher:
             ],
         )
 
-    async def show_gate(self, gate_id: str) -> None:
+    async def show_gate(self, gate_id: str) -> Gate | None:
         """Post the gate's card, or update it (and any other message showing the gate) to the
-        gate's current state.
+        gate's current state; the gate as shown (None if there is none).
 
         Raises :class:`TransientSlackError` when Slack should be tried again later.
         """
         async with self.store.lock(f"gate:{gate_id}"):
             gate = await self.gateway.get_gate(gate_id)
             if gate is None:
-                return
+                return None
             rec = await self.store.card(gate_id)
-            card = cards.gate_card(gate, rec.result)
-            smaller = cards.gate_card(gate, rec.result, compact=True)
-            d = digest(card)
-            channel = _opt_str(gate.origin.get("channel"))
-            thread_ts = _opt_str(gate.origin.get("thread_ts"))
-            if not rec.ts and rec.posting is not None and channel:
-                # A process asked Slack to post this card and died (or lost the answer)
-                # before recording where it went: adopt that card rather than post another.
-                found = await self._find_cards(gate_id, channel, thread_ts, rec.posting)
-                if found:
-                    log.warning("adopting %d card(s) of gate %s posted before", len(found), gate_id)
-                    await self.store.adopt_cards(gate_id, channel, found)
-                    rec = await self.store.card(gate_id)
-            if rec.channel and rec.ts:
-                await self._update_cards(gate_id, rec, card, smaller, d)
-                return
-            if not channel:
-                return  # a run started outside Slack: no card
-            await self.store.mark_posting(gate_id, time.time())
-            resp = await self._send_card(
-                "chat_postMessage",
-                card,
-                smaller,
-                channel=channel,
-                thread_ts=thread_ts,
-                metadata=card_metadata(gate_id),
+            await self._show(
+                _Slot(gate_id, CARD_NS, card_metadata(gate_id)),
+                rec,
+                cards.gate_card(gate, rec.result),
+                cards.gate_card(gate, rec.result, compact=True),
+                _opt_str(gate.origin.get("channel")),
+                _opt_str(gate.origin.get("thread_ts")),
             )
-            if resp is None:
+            return gate
+
+    async def turn_gates(self, run_id: str, turn: int) -> list[Gate]:
+        """The gates a turn of the run opened, in the order of their calls."""
+        return [g for g in await self.gateway.gates(run_id) if g.turn == turn]
+
+    async def show_turn(self, run_id: str, turn: int, *, post_for: str | None = None) -> None:
+        """Update the "Approve all" message of a turn with two or more gates to their state.
+
+        It is posted only for ``post_for``, the turn's last gate (its card comes before it),
+        and only while a gate is pending. Raises :class:`TransientSlackError` as
+        :meth:`show_gate` does.
+        """
+        ident = turn_ident(run_id, turn)
+        async with self.store.lock(f"turn:{ident}"):
+            rec = await self.store.card(ident, TURN_NS)
+            known = rec.ts is not None or rec.posting is not None
+            if not known and post_for is None:
+                return  # never posted: nothing to update
+            gates = await self.turn_gates(run_id, turn)
+            if len(gates) < 2:
                 return
-            posted = str(resp.get("channel") or channel)
-            if not await self.store.save_card(gate_id, posted, str(resp["ts"]), d):
-                # Another process posted a card for this gate meanwhile (we were paused past
-                # the lock): both now get the current state.
-                await self._update_cards(gate_id, await self.store.card(gate_id), card, smaller, d)
+            waiting = any(g.status is GateStatus.PENDING for g in gates)
+            if not known and (gates[-1].gate_id != post_for or not waiting):
+                return
+            card = cards.turn_card(gates)
+            origin = gates[0].origin
+            await self._show(
+                _Slot(ident, TURN_NS, turn_metadata(run_id, turn)),
+                rec,
+                card,
+                card,
+                _opt_str(origin.get("channel")),
+                _opt_str(origin.get("thread_ts")),
+            )
+
+    async def _show(
+        self,
+        slot: _Slot,
+        rec: CardRecord,
+        card: cards.Card,
+        smaller: cards.Card,
+        channel: str | None,
+        thread_ts: str | None,
+    ) -> None:
+        """Post a card (a gate's, a turn's) once, or update every message showing it."""
+        d = digest(card)
+        if not rec.ts and rec.posting is not None and channel:
+            # A process asked Slack to post this card and died (or lost the answer)
+            # before recording where it went: adopt that card rather than post another.
+            found = await self._find_cards(slot.metadata, channel, thread_ts, rec.posting)
+            if found:
+                log.warning("adopting %d message(s) of %s posted before", len(found), slot.ident)
+                await self.store.adopt_cards(slot.ident, channel, found, slot.ns)
+                rec = await self.store.card(slot.ident, slot.ns)
+        if rec.channel and rec.ts:
+            await self._update_cards(slot, rec, card, smaller, d)
+            return
+        if not channel:
+            return  # a run started outside Slack: no card
+        await self.store.mark_posting(slot.ident, time.time(), slot.ns)
+        resp = await self._send_card(
+            "chat_postMessage",
+            card,
+            smaller,
+            channel=channel,
+            thread_ts=thread_ts,
+            metadata=slot.metadata,
+        )
+        if resp is None:
+            return
+        posted = str(resp.get("channel") or channel)
+        if not await self.store.save_card(slot.ident, posted, str(resp["ts"]), d, slot.ns):
+            # Another process posted a card for this gate meanwhile (we were paused past
+            # the lock): both now get the current state.
+            rec = await self.store.card(slot.ident, slot.ns)
+            await self._update_cards(slot, rec, card, smaller, d)
 
     async def _update_cards(
-        self, gate_id: str, rec: CardRecord, card: cards.Card, smaller: cards.Card, d: str
+        self, slot: _Slot, rec: CardRecord, card: cards.Card, smaller: cards.Card, d: str
     ) -> None:
-        """Show the current state on every message of the gate; the digest only when the
+        """Show the current state on every message of the card; the digest only when the
         card itself took it."""
         if rec.digest == d or not rec.channel or not rec.ts:
             return
         for ts in rec.others:
             resp = await self._send_card("chat_update", card, smaller, channel=rec.channel, ts=ts)
             if resp is None:  # deleted, or refused for good: stop trying it
-                await self.store.drop_other(gate_id, ts)
+                await self.store.drop_other(slot.ident, ts, slot.ns)
         ok = await self._send_card("chat_update", card, smaller, channel=rec.channel, ts=rec.ts)
         if ok is not None:
-            await self.store.set_card_digest(gate_id, d)
+            await self.store.set_card_digest(slot.ident, d, slot.ns)
 
     async def _find_cards(
-        self, gate_id: str, channel: str, thread_ts: str | None, since: float
+        self, metadata: dict[str, Any], channel: str, thread_ts: str | None, since: float
     ) -> list[str]:
-        """The ts of every card of the gate we posted (oldest first), from Slack itself.
+        """The ts of every message we posted with ``metadata`` (oldest first), from Slack.
 
         ``[]`` when there is none, or when Slack will not let us look (e.g. a workspace
         that has not granted the history scopes): the card is then posted again.
@@ -215,15 +290,16 @@ class Publisher:
                 if is_transient(exc):
                     raise TransientSlackError(f"{method}: {slack_error(exc)}") from exc
                 log.warning(
-                    "cannot look for the card of gate %s posted before (%s): posting it again;"
+                    "cannot look for the %s message %s posted before (%s): posting it again;"
                     " the earlier one, if any, will not be updated",
-                    gate_id,
+                    metadata["event_type"],
+                    metadata["event_payload"],
                     slack_error(exc),
                 )
                 return []
             messages = resp.get("messages")
             for m in messages if isinstance(messages, list) else []:
-                if shows_gate(m, gate_id, bot_id) and isinstance(m.get("ts"), str):
+                if shows(m, metadata, bot_id) and isinstance(m.get("ts"), str):
                     found.append(m["ts"])
             meta = resp.get("response_metadata")
             cursor = _opt_str(meta.get("next_cursor") if isinstance(meta, dict) else None) or ""

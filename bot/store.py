@@ -26,6 +26,9 @@ from agent_core.keys import Keys
 from .cards import ToolResult
 
 CARD_NS = "slack-card"
+# The "Approve all" message of a turn with several gates: a record like a card's, named by
+# ``turn_ident(run_id, turn)``.
+TURN_NS = "slack-turn"
 RUN_NS = "slack-run"
 LOCK_NS = "slack-lock"
 # Bot records outlive the runs people still look at, then go away on their own.
@@ -53,6 +56,11 @@ redis.call('HSET', KEYS[1], 'others', others, 'digest', '')
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 0
 """
+
+
+def turn_ident(run_id: str, turn: int) -> str:
+    """The record name of a turn's "Approve all" message (in the run's shard)."""
+    return f"{run_id}:{turn}"
 
 
 class LockBusy(Exception):
@@ -91,14 +99,18 @@ class Store:
 
     # --- cards ------------------------------------------------------------------------
     def _shard(self, ident: str) -> int | None:
-        """The shard of a run or gate id (its records live beside it), else None."""
+        """The shard of a run or gate id, or of ``<run id>:<turn>`` (its records live beside
+        it), else None."""
+        ident = ident.partition(":")[0]
         return self.keys.shard_of(ident) if self.keys.owns(ident) else None
 
-    def card_key(self, gate_id: str) -> str:
-        return self.keys.ext(CARD_NS, gate_id, self._shard(gate_id))
+    # Every card method takes ``ns``: CARD_NS for a gate's card (named by the gate id),
+    # TURN_NS for a turn's "Approve all" message (named by turn_ident()).
+    def card_key(self, gate_id: str, ns: str = CARD_NS) -> str:
+        return self.keys.ext(ns, gate_id, self._shard(gate_id))
 
-    async def card(self, gate_id: str) -> CardRecord:
-        h = await self._hgetall(self.card_key(gate_id))
+    async def card(self, gate_id: str, ns: str = CARD_NS) -> CardRecord:
+        h = await self._hgetall(self.card_key(gate_id, ns))
         result = None
         if h.get("result_ok") is not None:
             result = ToolResult(
@@ -118,38 +130,42 @@ class Store:
             h.get("channel"), h.get("ts"), h.get("digest") or None, result, posting, others
         )
 
-    async def mark_posting(self, gate_id: str, at: float) -> None:
+    async def mark_posting(self, gate_id: str, at: float, ns: str = CARD_NS) -> None:
         """Written before ``chat.postMessage``: a process that dies before :meth:`save_card`
         leaves this behind, and the next one looks for the card instead of posting again."""
-        await self._hset(self.card_key(gate_id), {"posting": f"{at:.6f}"})
+        await self._hset(self.card_key(gate_id, ns), {"posting": f"{at:.6f}"})
 
-    async def save_card(self, gate_id: str, channel: str, ts: str, digest: str) -> bool:
+    async def save_card(
+        self, gate_id: str, channel: str, ts: str, digest: str, ns: str = CARD_NS
+    ) -> bool:
         """Record a posted card; ``False`` when the gate already had one (``ts`` then joins
         :attr:`CardRecord.others`, and the digest is cleared so that all get updated)."""
         first = await self._save_card(
-            keys=[self.card_key(gate_id)], args=[channel, ts, digest, RECORD_TTL_SECONDS]
+            keys=[self.card_key(gate_id, ns)], args=[channel, ts, digest, RECORD_TTL_SECONDS]
         )
         return bool(first)
 
-    async def adopt_cards(self, gate_id: str, channel: str, ts: list[str]) -> None:
+    async def adopt_cards(
+        self, gate_id: str, channel: str, ts: list[str], ns: str = CARD_NS
+    ) -> None:
         """The messages found on Slack for a gate whose post was never recorded: the oldest
         becomes its card, the rest its ``others``; none is known to be current."""
         if not ts:
             return
         await self._hset(
-            self.card_key(gate_id),
+            self.card_key(gate_id, ns),
             {"channel": channel, "ts": ts[0], "others": " ".join(ts[1:]), "digest": ""},
         )
 
-    async def drop_other(self, gate_id: str, ts: str) -> None:
+    async def drop_other(self, gate_id: str, ts: str, ns: str = CARD_NS) -> None:
         """Forget one of the gate's further messages (deleted on Slack)."""
-        rec = await self.card(gate_id)
+        rec = await self.card(gate_id, ns)
         await self._hset(
-            self.card_key(gate_id), {"others": " ".join(t for t in rec.others if t != ts)}
+            self.card_key(gate_id, ns), {"others": " ".join(t for t in rec.others if t != ts)}
         )
 
-    async def set_card_digest(self, gate_id: str, digest: str) -> None:
-        await self._hset(self.card_key(gate_id), {"digest": digest})
+    async def set_card_digest(self, gate_id: str, digest: str, ns: str = CARD_NS) -> None:
+        await self._hset(self.card_key(gate_id, ns), {"digest": digest})
 
     async def set_result(self, gate_id: str, result: ToolResult) -> None:
         await self._hset(

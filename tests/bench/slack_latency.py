@@ -415,7 +415,7 @@ async def wait_quiet(
     quiet_in_a_row = 0
     while time.monotonic() - start < timeout:
         busy = 0
-        for stream in (keys.jobs(), keys.events()):
+        for stream in [f(s) for s in keys.all_shards() for f in (keys.jobs, keys.events)]:
             try:
                 for g in await r.xinfo_groups(stream):
                     busy += int(g.get("pending") or 0) + int(g.get("lag") or 0)
@@ -437,13 +437,15 @@ async def stuck_report(
     """The system did not go quiet: record what is pending, and each process's asyncio tasks
     (SIGUSR1: tests/bench/slack_agent.py writes them to ``dump``)."""
     pending: list[str] = []
-    for stream, group in ((keys.jobs(), "workers"), (keys.events(), "bot")):
+    streams = [(keys.jobs(s), "workers") for s in keys.all_shards()]
+    streams += [(keys.events(s), "bot") for s in keys.all_shards()]
+    for stream, group in streams:
         with contextlib.suppress(aioredis.ResponseError):
             for p in await r.xpending_range(stream, group, "-", "+", 5):
                 entry = await r.xrange(stream, p["message_id"], p["message_id"])
                 kind = entry[0][1].get("type") if entry else "?"
                 pending.append(f"{group}: {kind} delivered {p['times_delivered']} times")
-    locks = await r.keys(keys.ext("slack-lock", "*"))
+    locks = await r.keys("{" + keys.prefix + "*:ext:slack-lock:*")
     res.checks.append(
         (
             f"the system went quiet after {name} (no job or event left pending)",
@@ -489,11 +491,11 @@ async def wait_journal(path: Path, names: set[str], timeout: float) -> dict[str,
 
 async def load_gates(r: aioredis.Redis, keys: Keys) -> dict[int, Gate]:
     """Every pending gate with its card, by the index in its ``delete_user`` argument."""
-    ids = await r.zrange(keys.deadlines(), 0, -1)
+    ids = [g for s in keys.all_shards() for g in await r.zrange(keys.deadlines(s), 0, -1)]
     async with r.pipeline(transaction=False) as pipe:
         for gid in ids:
             pipe.hmget(keys.gate(gid), ["args", "args_hash"])
-            pipe.hget(keys.ext("slack-card", gid), "ts")
+            pipe.hget(keys.ext("slack-card", gid, keys.shard_of(gid)), "ts")
         replies = await pipe.execute()
     out: dict[int, Gate] = {}
     for gid, (args, digest), ts in zip(ids, replies[0::2], replies[1::2], strict=True):
@@ -627,7 +629,12 @@ async def bench(cfg: Config, workdir: Path) -> Results:
                 return lambda: stuck_report(res, phase, r, keys, procs, dump)
 
             # 1. open the gates through the real slash command, paced
-            user_runs = keys.user_runs(REQUESTER)
+
+            async def started_runs() -> int:
+                return sum(
+                    [int(await r.zcard(keys.user_runs(REQUESTER, s))) for s in keys.all_shards()]
+                )
+
             print(f"opening {cfg.gates_needed} gates with /agent at {cfg.open_rate:.0f}/s …")
             opening = [
                 Request("command", i, command_body(client, fakes.slack_url, gate_task(i), i))
@@ -638,7 +645,7 @@ async def bench(cfg: Config, workdir: Path) -> Results:
             res.phases[name] = await loader.paced(opening, cfg.open_rate)
             quiet = await wait_quiet(r, keys, timeout=300)
             res.errors[name] = errors_logged(procs, mark)
-            res.started[name] = (int(await r.zcard(user_runs)), len(opening))
+            res.started[name] = (await started_runs(), len(opening))
             gates = await load_gates(r, keys)
             for _ in range(5):  # set-up must complete: send what did not start again
                 missing = [i for i in range(cfg.gates_needed) if i not in gates]
@@ -745,11 +752,11 @@ async def bench(cfg: Config, workdir: Path) -> Results:
                 name = f"(b) /agent, burst of {size}"
                 print(f"{name} …")
                 mark = errors_logged(procs)
-                before = int(await r.zcard(user_runs))
+                before = await started_runs()
                 res.phases[name] = await loader.burst(reqs)
                 await wait_quiet(r, keys, timeout=300)
                 res.errors[name] = errors_logged(procs, mark)
-                res.started[name] = (int(await r.zcard(user_runs)) - before, size)
+                res.started[name] = (await started_runs() - before, size)
 
             # checks: every clicked gate decided once, its tool ran exactly once
             j = read_journal(journal)
