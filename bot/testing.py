@@ -25,13 +25,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
 from aiohttp import web
 
+from agent_core.testing.server import ThreadedServer
 from playground.wire import read_args, sign
 
 from .testing_api import MAX_BLOCKS_CHARS, SlackMessage, WebApiMethods
@@ -78,7 +78,7 @@ class _Hold:
     released: threading.Event = field(default_factory=threading.Event)
 
 
-class FakeSlack(WebApiMethods):
+class FakeSlack(WebApiMethods, ThreadedServer):
     """A fake Slack Web API (see the module docstring)."""
 
     def __init__(
@@ -91,12 +91,12 @@ class FakeSlack(WebApiMethods):
         host: str = "127.0.0.1",
         validate_blocks: bool = True,
     ) -> None:
+        super().__init__(name="FakeSlack", host=host)
         self.token = token
         self.app_token = app_token
         self.team_id = team_id
         self.bot_user_id = bot_user_id
         self.validate_blocks = validate_blocks
-        self._host = host
         self._lock = threading.Lock()
         self._calls: list[SlackCall] = []
         self._messages: dict[tuple[str, str], SlackMessage] = {}
@@ -109,89 +109,24 @@ class FakeSlack(WebApiMethods):
         self._drops: dict[str, int] = {}
         self._held = 0
         self._sockets: list[web.WebSocketResponse] = []
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
-    # ------------------------------------------------------------------ lifecycle
-    def start(self) -> FakeSlack:
-        """Start serving in a background daemon thread; returns ``self``."""
-        if self._thread is not None:
-            raise RuntimeError("FakeSlack is already started")
-        ready = threading.Event()
-        failure: list[BaseException] = []
-        loop = asyncio.new_event_loop()
-
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._start_site())
-            except BaseException as exc:
-                failure.append(exc)
-                ready.set()
-                loop.close()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        self._loop = loop
-        self._thread = threading.Thread(target=serve, name="FakeSlack", daemon=True)
-        self._thread.start()
-        if not ready.wait(timeout=10) or failure:
-            self._thread = None
-            self._loop = None
-            raise RuntimeError(
-                f"FakeSlack failed to start: {failure[0]!r}" if failure else "timeout"
-            )
-        return self
-
-    async def _start_site(self) -> None:
+    # ------------------------------------------------------------------ routes
+    def make_app(self) -> web.Application:
+        """The Web API, ``response_url`` and Socket Mode routes."""
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle_api)
         app.router.add_post("/respond/{name}", self._handle_respond)
         app.router.add_get("/socket", self._handle_socket)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, 0)
-        await site.start()
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
+        return app
 
-    def stop(self) -> None:
-        """Stop the server and join its thread. Safe to call twice."""
-        thread, loop, runner = self._thread, self._loop, self._runner
-        if thread is None or loop is None:
-            return
+    async def _on_stop(self) -> None:
         self.release()
-        if runner is not None:
-            asyncio.run_coroutine_threadsafe(self._close_sockets(), loop).result(timeout=10)
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        self._thread = self._loop = self._runner = None
-        self._port = None
-
-    def __enter__(self) -> FakeSlack:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        await self._close_sockets()
 
     @property
     def url(self) -> str:
-        if self._port is None:
-            raise RuntimeError("FakeSlack is not started")
-        return f"http://{self._host}:{self._port}"
+        """``http://127.0.0.1:PORT``: the server's root (only while started)."""
+        return f"http://{self._host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -398,7 +333,7 @@ class FakeSlack(WebApiMethods):
         }
         with self._lock:
             ws = self._sockets[-1]
-        future = asyncio.run_coroutine_threadsafe(ws.send_json(envelope), self._loop)
+        future = self._run_coroutine(ws.send_json(envelope))
         await asyncio.wrap_future(future)
 
         def acked(f: FakeSlack) -> list[SlackCall]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import inspect
 import threading
@@ -11,11 +10,11 @@ import traceback
 import uuid
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
 
+from agent_core.testing.server import ThreadedServer
 from agent_core.testing.servers import _RELAYS, _RULES, QUIRKS, SERVERS, ServerName
 from agent_core.testing.shapes import (
     _REFUSALS,
@@ -51,7 +50,7 @@ def _wants_tools(responder: Responder) -> bool:
     return any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-class FakeOpenAI:
+class FakeOpenAI(ThreadedServer):
     """A scripted, OpenAI-compatible Chat Completions server on 127.0.0.1.
 
     Use it as a context manager or call :meth:`start` / :meth:`stop`. It serves:
@@ -99,14 +98,13 @@ class FakeOpenAI:
         unknown = sorted(set(quirks) - set(QUIRKS))
         if unknown:
             raise ValueError(f"unknown quirks {unknown}; known: {', '.join(QUIRKS)}")
+        super().__init__(name="FakeOpenAI", host=host, port=port, reuse_address=True)
         self._server: ServerName = server
         self._upstream: ServerName | None = (upstream or "openai") if server in _RELAYS else None
         self._quirks = frozenset(quirks)
         self._api_key = api_key
         self._model = model
         self._validate = validate
-        self._host = host
-        self._requested_port = port
         self._lock = threading.Lock()
         self._scripts: dict[str, list[Step]] = {}
         self._default_responder = responder
@@ -116,92 +114,15 @@ class FakeOpenAI:
         self._limited: tuple[float, str | None] | None = None
         self._pending_failures: list[tuple[int, float | None, dict[str, Any] | None]] = []
         self._failures_served = 0
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
-    # ------------------------------------------------------------------ lifecycle
-    def start(self) -> FakeOpenAI:
-        """Start serving in a background daemon thread; returns ``self``."""
-        if self._thread is not None:
-            raise RuntimeError("FakeOpenAI is already started")
-        ready = threading.Event()
-        failure: list[BaseException] = []
-        loop = asyncio.new_event_loop()
-
-        def serve() -> None:
-            asyncio.set_event_loop(loop)
-            try:
-                loop.run_until_complete(self._start_site())
-            except BaseException as exc:
-                failure.append(exc)
-                ready.set()
-                loop.close()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        self._loop = loop
-        self._thread = threading.Thread(target=serve, name="FakeOpenAI", daemon=True)
-        self._thread.start()
-        if not ready.wait(timeout=10):
-            raise RuntimeError("FakeOpenAI did not start within 10 s")
-        if failure:
-            self._thread.join()
-            self._thread = None
-            self._loop = None
-            raise RuntimeError(f"FakeOpenAI failed to start: {failure[0]!r}") from failure[0]
-        return self
-
-    async def _start_site(self) -> None:
+    # ------------------------------------------------------------------ routes
+    def make_app(self) -> web.Application:
+        """The Chat Completions routes (see the class docstring)."""
         app = web.Application(client_max_size=256 * 1024**2)  # long histories exceed 1 MiB
         app.router.add_post("/v1/chat/completions", self._handle_chat)
         app.router.add_get("/v1/models", self._handle_models)
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._requested_port, reuse_address=True)
-        await site.start()
-        self._runner = runner
-        self._port = int(runner.addresses[0][1])
-
-    def stop(self) -> None:
-        """Stop the server and join its thread. Safe to call twice."""
-        thread, loop, runner = self._thread, self._loop, self._runner
-        if thread is None or loop is None:
-            return
-        if runner is not None:
-            future = asyncio.run_coroutine_threadsafe(runner.cleanup(), loop)
-            future.result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        self._thread = None
-        self._loop = None
-        self._runner = None
-        self._port = None
-
-    def __enter__(self) -> FakeOpenAI:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        """The TCP port it listens on (only while started)."""
-        if self._port is None:
-            raise RuntimeError("FakeOpenAI is not started")
-        return self._port
+        return app
 
     @property
     def server(self) -> ServerName:
