@@ -20,7 +20,17 @@ from .exceptions import (
 )
 from .gateway import Gateway
 from .keys import Keys
-from .models import DecideResult, Decision, Event, EventType, Gate, GateStatus, Run, RunStatus
+from .models import (
+    ContinueOutcome,
+    DecideResult,
+    Decision,
+    Event,
+    EventType,
+    Gate,
+    GateStatus,
+    Run,
+    RunStatus,
+)
 from .settings import Settings
 from .tools import Tool, tool
 
@@ -31,6 +41,7 @@ __all__ = [
     "Agent",
     "ArgsHashMismatch",
     "ConfigError",
+    "ContinueOutcome",
     "DecideResult",
     "Decision",
     "Event",

@@ -21,7 +21,7 @@ from .completions import clean_text
 from .events import EventConsumer
 from .exceptions import ArgsHashMismatch, GateNotFound, InvalidState, RunNotFound
 from .keys import Keys
-from .models import DecideResult, Decision, Gate, GateStatus, Run, RunStatus
+from .models import ContinueOutcome, DecideResult, Decision, Gate, GateStatus, Run, RunStatus
 from .streams import is_cluster, stream_groups
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,7 @@ class Gateway:
         self._repair = redis.register_script(scripts.REPAIR_RUN)
         self._start = redis.register_script(scripts.START_RUN)
         self._retry = redis.register_script(scripts.RETRY_RUN)
+        self._continue = redis.register_script(scripts.CONTINUE_RUN)
         self._check_cursor = (0, 0)
 
     # --- runs -------------------------------------------------------------------------
@@ -141,6 +142,7 @@ class Gateway:
                 k.user_runs(requested_by, shard),
                 k.active(shard),
                 k.jobs(shard),
+                k.authors(run_id),
             ],
             args=[
                 "1" if idempotency_key else "0",
@@ -244,9 +246,61 @@ class Gateway:
             hashes = await pipe.execute()
         return [Run.from_hash(h) for h in hashes if h]
 
-    async def history(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's messages so far (without the agent's instructions)."""
-        return [json.loads(m) for m in await self.redis.lrange(self.keys.history(run_id), 0, -1)]
+    async def history(self, run_id: str, *, with_authors: bool = False) -> list[dict[str, Any]]:
+        """The run's messages so far (without the agent's instructions). ``with_authors``:
+        each user message also carries ``"by"``, the user who said it (stored apart: the
+        model never sees it)."""
+        k = self.keys
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lrange(k.history(run_id), 0, -1)
+            pipe.hgetall(k.authors(run_id))
+            pipe.hget(k.run(run_id), "requested_by")
+            raw, authors, requester = await pipe.execute()
+        msgs = [json.loads(m) for m in raw]
+        if with_authors:
+            for i, m in enumerate(msgs):
+                if m.get("role") == "user":
+                    m["by"] = authors.get(str(i)) or (requester if i == 0 else None)
+        return msgs
+
+    async def continue_run(self, run_id: str, message: str, by: str) -> ContinueOutcome:
+        """Continue the run's conversation with ``message`` from the user ``by``.
+
+        A completed or failed run starts its next turn with the whole history (``STARTED``).
+        A run still working or awaiting approval keeps the message for its next model turn
+        (``QUEUED``). Gates opened after it name ``by`` as their requester (self-approval).
+        :class:`RunNotFound` for an unknown run, :class:`InvalidState` for a cancelled one.
+        """
+        message = clean_text(message).strip()
+        if not message:
+            raise ValueError("the message is empty")
+        if len(message) > MAX_TASK_CHARS:
+            raise ValueError(f"the message is longer than {MAX_TASK_CHARS} characters")
+        if not by:
+            raise ValueError("by is required")
+        if not valid_run_id(run_id, self.keys):
+            raise RunNotFound(f"no run {run_id[:40]!r}")
+        k = self.keys
+        shard = k.shard_of(run_id)
+        wire = json.dumps({"role": "user", "content": message})
+        res = await self._continue(
+            keys=[
+                k.run(run_id),
+                k.history(run_id),
+                k.authors(run_id),
+                k.run_inbox(run_id),
+                k.jobs(shard),
+                k.active(shard),
+                k.finished(shard),
+                k.events(shard),
+            ],
+            args=[run_id, wire, by, f"{time.time():.6f}", json.dumps({"by": by, "message": wire})],
+        )
+        if res == "missing":
+            raise RunNotFound(f"no run {run_id!r}")
+        if res == "cancelled":
+            raise InvalidState(f"run {run_id} was cancelled; a cancelled run does not continue")
+        return ContinueOutcome(res)
 
     async def cancel_run(self, run_id: str, by: str, reason: str | None = None) -> Run:
         """Cancel a run that has not finished; its pending gates become ``cancelled``."""
@@ -579,6 +633,7 @@ class Gateway:
             for i, run_id in enumerate(run_ids):
                 (turn, requested_by), gate_ids = replies[2 * i], replies[2 * i + 1]
                 doomed = [k.run(run_id), k.history(run_id), k.run_gates(run_id)]
+                doomed += [k.run_inbox(run_id), k.authors(run_id)]
                 doomed += [k.turn(run_id, n) for n in range(1, int(turn or 0) + 1)]
                 doomed += [k.gate(g) for g in gate_ids]
                 pipe.unlink(*doomed)

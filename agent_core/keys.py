@@ -110,6 +110,15 @@ class Keys:
         """Set: every gate id the run ever opened."""
         return f"{self._run_base(run_id)}:gates"
 
+    def run_inbox(self, run_id: str) -> str:
+        """List: messages sent to the run while it worked, for its next model turn."""
+        return f"{self._run_base(run_id)}:inbox"
+
+    def authors(self, run_id: str) -> str:
+        """Hash: who said each user message of the history (its index → user id); kept out
+        of the messages, which go to the model as they are stored."""
+        return f"{self._run_base(run_id)}:authors"
+
     def start_key(self, key: str) -> str:
         """String: the run an idempotency key (e.g. a Slack trigger id) already started. It
         lives in :meth:`shard_for` ``(key)``, the shard the run is started in."""

@@ -56,6 +56,14 @@ class EventType(str, Enum):
     RUN_FAILED = "run.failed"
     RUN_CANCELLED = "run.cancelled"
     RUN_RETRIED = "run.retried"
+    RUN_CONTINUED = "run.continued"
+
+
+class ContinueOutcome(str, Enum):
+    """What :meth:`Gateway.continue_run` did with a message."""
+
+    STARTED = "started"  # the run had finished: the message starts its next turn
+    QUEUED = "queued"  # the run is working: the model gets it at its next turn
 
 
 def _opt_float(value: str | None) -> float | None:

@@ -238,18 +238,22 @@ class Runner:
     ) -> dict[str, str] | None:
         run_id = run["run_id"]
         k = self.keys
-        if turn >= self.max_turns:
+        # Counted from the run's latest continuation (Gateway.continue_run).
+        turns = turn - int(run.get("turns_from") or 0)
+        if turns >= self.max_turns:
             await self.fail(
                 run_id,
-                f"stopped after {turn} model turns (MAX_TURNS): the agent kept calling tools",
+                f"stopped after {turns} model turns (MAX_TURNS): the agent kept calling tools",
                 fence,
             )
             return None
         # The history and a look at the lease in one round trip: a worker that was paused
         # before this point (and taken over) stops here instead of paying for a model call
         # on a stale history. (Its writes would be refused anyway.)
+        # Messages queued while the run worked join the history here, under the lease.
         cur_fence, until, cur_turn, phase, now, *raw = await self._read_for_model(
-            keys=[k.run(run_id), k.history(run_id)]
+            keys=[k.run(run_id), k.history(run_id), k.authors(run_id), k.run_inbox(run_id)],
+            args=[fence],
         )
         if cur_fence != fence or float(until or 0) <= float(now):
             raise LeaseLost(run_id)
@@ -291,6 +295,8 @@ class Runner:
                 "run_id": run_id,
                 "final": final,
                 "truncated": truncated,
+                # 0, or the turn of the run's latest continuation: one answer per leg.
+                "turns_from": int(run.get("turns_from") or 0),
                 "origin": json.loads(run.get("origin") or "{}"),
             }
         )
@@ -302,6 +308,7 @@ class Runner:
                 k.events(k.shard_of(run_id)),
                 k.finished(k.shard_of(run_id)),
                 k.active(k.shard_of(run_id)),
+                k.run_inbox(run_id),
             ],
             args=[
                 fence,
@@ -652,6 +659,8 @@ class Runner:
         run_id = run["run_id"]
         k = self.keys
         origin = json.loads(run.get("origin") or "{}")
+        # The person whose message led to these calls: the latest user message's author.
+        requested_by = run.get("last_by") or run.get("requested_by", "")
         timeout = self.approval_timeout
         args: list[Any] = [fence, turn]
         gate_keys: list[str] = []
@@ -672,7 +681,7 @@ class Runner:
                 "args_hash": digest,
                 "status": "pending",
                 "agent": self.agent.name,
-                "requested_by": run.get("requested_by", ""),
+                "requested_by": requested_by,
                 "origin": run.get("origin") or "{}",
                 "timeout": str(timeout),
                 "nested": "0",
@@ -689,7 +698,7 @@ class Runner:
                 "args": call["args"],
                 "args_hash": digest,
                 "agent": self.agent.name,
-                "requested_by": run.get("requested_by", ""),
+                "requested_by": requested_by,
                 "origin": origin,
                 "timeout": timeout,
                 "nested": False,

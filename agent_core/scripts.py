@@ -70,7 +70,7 @@ end
 # key (a Slack trigger id), so a client retry after a lost reply starts nothing twice.
 # KEYS[1] idempotency key ('' key name when none: then KEYS[1] is the run hash again),
 # KEYS[2] run hash, KEYS[3] history list, KEYS[4] user's runs zset, KEYS[5] active-runs zset,
-# KEYS[6] jobs stream
+# KEYS[6] jobs stream, KEYS[7] authors hash (who said each user message)
 # ARGV[1] '1' when KEYS[1] is a real idempotency key, ARGV[2] run id, ARGV[3] first message
 # JSON, ARGV[4] now (score), ARGV[5] key TTL in seconds, ARGV[6..] run hash field/value pairs
 # Returns the run id: the new one, or the one the key already started.
@@ -85,6 +85,7 @@ end
 if redis.call('EXISTS', KEYS[2]) == 1 then return ARGV[2] end
 hset_from(KEYS[2], ARGV, 6)
 redis.call('RPUSH', KEYS[3], ARGV[3])
+redis.call('HSET', KEYS[7], '0', redis.call('HGET', KEYS[2], 'requested_by') or '')
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[2])
 redis.call('ZADD', KEYS[5], ARGV[4], ARGV[2])
 redis.call('XADD', KEYS[6], '*', 'type', 'start', 'run_id', ARGV[2])
@@ -128,15 +129,36 @@ return 1
 """
 )
 
-# What a model call needs, in one read: the lease as it stands (by the Redis clock) and the
+# What a model call needs, in one step: the lease as it stands (by the Redis clock) and the
 # history. A worker paused before this point (and taken over) stops here instead of paying
-# for a model call on a stale history. Read-only. (A script, not MULTI with TIME: Redis
-# Cluster refuses a keyless command in a transaction.)
-# KEYS[1] run hash, KEYS[2] history list
+# for a model call on a stale history. Under a current lease, in phase `model`, the messages
+# queued in the run's inbox (Gateway.continue_run while it worked) are first moved to the
+# history, in order, with their authors: in one script, so none is lost or given twice.
+# Otherwise read-only. (A script, not MULTI with TIME: Redis Cluster refuses a keyless
+# command in a transaction.)
+# KEYS[1] run hash, KEYS[2] history list, KEYS[3] authors hash, KEYS[4] inbox list
+# ARGV[1] fence
 # Returns {fence, lease_until, turn, phase, now (seconds, as a string), message...}.
 READ_FOR_MODEL = """
-local h = redis.call('HMGET', KEYS[1], 'fence', 'lease_until', 'turn', 'phase')
+local h = redis.call('HMGET', KEYS[1], 'fence', 'lease_until', 'turn', 'phase', 'status')
 local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+if h[1] == ARGV[1] and tonumber(h[2] or '0') > now and h[4] == 'model'
+  and h[5] == 'running' then
+  local queued = redis.call('LRANGE', KEYS[4], 0, -1)
+  local by = nil
+  for i = 1, #queued do queued[i] = cjson.decode(queued[i]) end  -- all read before a write
+  for i = 1, #queued do
+    local e = queued[i]
+    local n = redis.call('RPUSH', KEYS[2], e['message'])
+    redis.call('HSET', KEYS[3], tostring(n - 1), e['by'])
+    by = e['by']
+  end
+  if by then
+    redis.call('HSET', KEYS[1], 'last_by', by)
+    redis.call('DEL', KEYS[4])
+  end
+end
 local out = {h[1] or '', h[2] or '0', h[3] or '', h[4] or '', t[1] .. '.' .. string.format('%06d', t[2])}
 local msgs = redis.call('LRANGE', KEYS[2], 0, -1)
 for i = 1, #msgs do out[i + 5] = msgs[i] end
@@ -273,7 +295,9 @@ return {st, redis.call('HGETALL', KEYS[1])}
 
 # Persist a model turn: the assistant message and its tool calls, or the final answer.
 # KEYS[1] run hash, KEYS[2] history list, KEYS[3] the new turn's hash, KEYS[4] events stream,
-# KEYS[5] finished-runs zset, KEYS[6] active-runs zset
+# KEYS[5] finished-runs zset, KEYS[6] active-runs zset, KEYS[7] the run's inbox (optional:
+# a final answer with messages queued in it does not finish the run, whose next model turn
+# takes them)
 # ARGV[1] fence, ARGV[2] the run's current turn (guard), ARGV[3] assistant message JSON,
 # ARGV[4] 'tools' (calls follow) or 'done' (final answer), ARGV[5] final text,
 # ARGV[6] run.completed event data JSON, ARGV[7] now,
@@ -296,7 +320,9 @@ redis.call('RPUSH', KEYS[2], ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'turn', 1)
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[7])
 hset_from(KEYS[3], ARGV, 8)
-if ARGV[4] == 'done' then
+if ARGV[4] == 'done' and KEYS[7] and redis.call('LLEN', KEYS[7]) > 0 then
+  redis.call('HSET', KEYS[1], 'phase', 'model')
+elseif ARGV[4] == 'done' then
   redis.call('HSET', KEYS[1], 'status', 'completed', 'phase', 'done', 'final', ARGV[5])
   local run_id = redis.call('HGET', KEYS[1], 'run_id')
   redis.call('XADD', KEYS[4], '*', 'type', 'run.completed', 'run_id', run_id, 'data', ARGV[6])
@@ -513,6 +539,50 @@ redis.call('XADD', KEYS[5], '*', 'type', 'run.retried', 'run_id', ARGV[1], 'data
   '{"run_id":' .. cjson.encode(ARGV[1]) .. ',"by":' .. cjson.encode(ARGV[2])
   .. ',"origin":' .. origin .. '}')
 return {ok = 'queued'}
+"""
+
+# Continue a run's conversation with a user message. A finished run (completed or failed)
+# is queued again for its next turn: the message joins the history, unless it has to wait
+# behind messages already queued or the run failed in its tools phase (that turn is closed
+# first); then it joins the inbox. A run still working keeps the message in its inbox until
+# its next model turn (READ_FOR_MODEL). A cancelled run does not continue.
+# KEYS[1] run hash, KEYS[2] history list, KEYS[3] authors hash, KEYS[4] inbox list,
+# KEYS[5] jobs stream, KEYS[6] active-runs zset, KEYS[7] finished-runs zset,
+# KEYS[8] events stream
+# ARGV[1] run id, ARGV[2] user message JSON, ARGV[3] by, ARGV[4] now,
+# ARGV[5] inbox entry JSON ({"by": …, "message": the user message JSON as a string})
+# Returns 'started' | 'queued' | 'cancelled' | 'missing' as status replies.
+CONTINUE_RUN = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return {ok = 'missing'} end
+if st == 'cancelled' then return {ok = 'cancelled'} end
+local queued = st ~= 'completed' and st ~= 'failed'
+if queued then
+  redis.call('RPUSH', KEYS[4], ARGV[5])
+else
+  local phase = 'model'
+  if st == 'failed' and redis.call('HGET', KEYS[1], 'failed_phase') == 'tools' then
+    phase = 'tools'
+  end
+  if phase == 'tools' or redis.call('LLEN', KEYS[4]) > 0 then
+    redis.call('RPUSH', KEYS[4], ARGV[5])
+  else
+    local n = redis.call('RPUSH', KEYS[2], ARGV[2])
+    redis.call('HSET', KEYS[3], tostring(n - 1), ARGV[3])
+    redis.call('HSET', KEYS[1], 'last_by', ARGV[3])
+  end
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'phase', phase, 'final', '', 'error', '',
+    'retryable', '0', 'pending', 0, 'turns_from', redis.call('HGET', KEYS[1], 'turn') or '0',
+    'updated_at', ARGV[4])
+  redis.call('ZREM', KEYS[7], ARGV[1])
+  redis.call('ZADD', KEYS[6], ARGV[4], ARGV[1])
+  redis.call('XADD', KEYS[5], '*', 'type', 'start', 'run_id', ARGV[1])
+end
+local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
+redis.call('XADD', KEYS[8], '*', 'type', 'run.continued', 'run_id', ARGV[1], 'data',
+  '{"run_id":' .. cjson.encode(ARGV[1]) .. ',"by":' .. cjson.encode(ARGV[3])
+  .. ',"queued":' .. (queued and 'true' or 'false') .. ',"origin":' .. origin .. '}')
+return {ok = queued and 'queued' or 'started'}
 """
 
 # Cancel a run and every pending gate it has. Afterwards no call of the run starts (claims

@@ -145,7 +145,10 @@ class Notifier:
             await self.publisher.show_run(event.run_id)
         elif t is EventType.RUN_COMPLETED:
             texts = cards.answer_messages(str(data.get("final") or ""))
-            await self.publisher.post_in_thread(event.run_id, origin, "final", texts)
+            # A continued run answers once per continuation (turns_from tells them apart).
+            leg = _int(data.get("turns_from"))
+            marker = f"final-{leg}" if leg else "final"
+            await self.publisher.post_in_thread(event.run_id, origin, marker, texts)
             await self.publisher.show_run(event.run_id)
         elif t is EventType.RUN_FAILED:
             retry = None

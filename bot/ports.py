@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
-from agent_core.models import DecideResult, Decision, Event, Gate, Run
+from agent_core.models import ContinueOutcome, DecideResult, Decision, Event, Gate, Run
 
 
 class EventConsumerLike(Protocol):
@@ -58,6 +58,8 @@ class GatewayLike(Protocol):
     async def cancel_run(self, run_id: str, by: str, reason: str | None = ...) -> Run: ...
 
     async def retry_run(self, run_id: str, by: str) -> Run: ...
+
+    async def continue_run(self, run_id: str, message: str, by: str) -> ContinueOutcome: ...
 
     def event_consumer(self, group: str, consumer: str) -> EventConsumerLike: ...
 

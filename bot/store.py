@@ -30,6 +30,8 @@ CARD_NS = "slack-card"
 # ``turn_ident(run_id, turn)``.
 TURN_NS = "slack-turn"
 RUN_NS = "slack-run"
+# channel + root ts of a run's thread → the run id (a reply there continues the run).
+THREAD_NS = "slack-thread"
 LOCK_NS = "slack-lock"
 # Bot records outlive the runs people still look at, then go away on their own.
 RECORD_TTL_SECONDS = 30 * 24 * 3600
@@ -189,7 +191,18 @@ class Store:
         return RunRecord(h.get("channel"), h.get("ts"), h.get("digest"))
 
     async def save_run_root(self, run_id: str, channel: str, ts: str) -> None:
+        """Where the run's root message is, and the reverse: its thread → the run."""
         await self._hset(self.run_key(run_id), {"channel": channel, "ts": ts})
+        await self.redis.set(self.thread_key(channel, ts), run_id, ex=RECORD_TTL_SECONDS)
+
+    def thread_key(self, channel: str, ts: str) -> str:
+        ident = f"{channel}:{ts}"
+        return self.keys.ext(THREAD_NS, ident, self.keys.shard_for(ident))
+
+    async def run_of_thread(self, channel: str, thread_ts: str) -> str | None:
+        """The run whose root message starts this thread, or None."""
+        run_id = await self.redis.get(self.thread_key(channel, thread_ts))
+        return _s(run_id) if run_id else None
 
     async def set_run_digest(self, run_id: str, digest: str) -> None:
         await self._hset(self.run_key(run_id), {"digest": digest})

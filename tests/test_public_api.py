@@ -23,6 +23,7 @@ NEEDED = {
     "Event",
     "EventType",
     "DecideResult",
+    "ContinueOutcome",
     "Keys",
     "Worker",
     "run_worker",

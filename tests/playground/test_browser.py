@@ -141,6 +141,24 @@ async def test_only_approvers_decide(page: Page, playground: PlaygroundProcess) 
     await expect(gate).to_contain_text("Approved by @Sam", timeout=SLOW)
 
 
+async def test_a_reply_in_the_thread_continues_the_run(
+    page: Page, playground: PlaygroundProcess
+) -> None:
+    await open_as(page, playground, people.REQUESTER)
+    thread = await start_task(page, "look up user 43")
+    replies = thread.locator("#thread-replies .msg", has_text="Answer")
+    await expect(replies.first).to_contain_text("Alan Turing", timeout=SLOW)
+    # The reply goes to the bot as Slack's `message` event; the run continues in the thread.
+    await send(page, "now delete user 43", composer="#thread-composer")
+    await expect(
+        thread.locator("#thread-replies .msg", has_text="now delete user 43")
+    ).to_be_visible()
+    gate = card(thread).first
+    await expect(gate).to_be_visible(timeout=SLOW)
+    await expect(gate).to_contain_text('"user_id": "43"')
+    await shot(page, "thread-reply-continues")
+
+
 async def test_the_long_arguments_card_opens_them_all(
     page: Page, playground: PlaygroundProcess
 ) -> None:

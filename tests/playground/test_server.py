@@ -1269,5 +1269,9 @@ settings:
     assert bot_events("settings:\n  interactivity:\n    is_enabled: true\n") == frozenset()
 
 
-def test_the_real_manifest_subscribes_to_no_events() -> None:
-    assert bot_events((ROOT / "slack" / "manifest.yml").read_text()) == frozenset()
+def test_the_real_manifest_subscribes_to_thread_replies() -> None:
+    # The playground sends the bot what Slack would: the events its manifest subscribes to.
+    assert bot_events((ROOT / "slack" / "manifest.yml").read_text()) == {
+        "message.channels",
+        "message.groups",
+    }

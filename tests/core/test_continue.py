@@ -1,0 +1,182 @@
+"""Gateway.continue_run: a reply continues a run's conversation, with who said it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from agent_core import ContinueOutcome, Decision, InvalidState, RunNotFound, RunStatus, scripts
+from agent_core.testing import FakeOpenAI, call, reply
+from tests.agents import read_journal
+from tests.core.harness import Harness
+
+
+def wire(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(role, content) of each message of a request, without the system message."""
+    return [(m["role"], m.get("content") or "") for m in messages if m["role"] != "system"]
+
+
+async def test_continuing_a_completed_run_starts_its_next_turn_with_the_whole_history(
+    harness: Harness, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.script("hello", [reply("hi, what next?"), reply("done: bye")])
+    gw = harness.gateway
+    run = await gw.start_run("hello", requested_by="U1", origin={"channel": "C1"})
+    assert (await harness.wait_finished(run.run_id)).final == "hi, what next?"
+
+    assert await gw.continue_run(run.run_id, "say bye", by="U2") is ContinueOutcome.STARTED
+    again = await gw.wait(run.run_id, timeout=10)
+    assert (again.status, again.final) == (RunStatus.COMPLETED, "done: bye")
+
+    second = fake_openai.requests_for("hello")[-1]["messages"]
+    assert wire(second) == [("user", "hello"), ("assistant", "hi, what next?"), ("user", "say bye")]
+    # Authors are kept apart: the model gets plain Chat Completions messages.
+    assert all(set(m) <= {"role", "content", "tool_calls", "tool_call_id"} for m in second)
+    history = await gw.history(run.run_id, with_authors=True)
+    assert [m.get("by") for m in history] == ["U1", None, "U2", None]
+    continued = await harness.wait_event(run.run_id, "run.continued")
+    assert continued.data == {
+        "run_id": run.run_id,
+        "by": "U2",
+        "queued": False,
+        "origin": {"channel": "C1"},
+    }
+
+
+async def test_a_message_while_awaiting_approval_is_queued_for_the_next_model_turn(
+    harness: Harness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    fake_openai.script(
+        "delete 42",
+        [call("delete_user", {"user_id": "42"}), reply("deleted, and noted")],
+    )
+    gw = harness.gateway
+    run = await gw.start_run("delete 42", requested_by="U1")
+    await harness.opened_gates(run.run_id, 1)
+    assert await gw.continue_run(run.run_id, "also log it", by="U2") is ContinueOutcome.QUEUED
+    assert await gw.continue_run(run.run_id, "thanks", by="U3") is ContinueOutcome.QUEUED
+    assert (await gw.get_run(run.run_id)).status is RunStatus.AWAITING_APPROVAL  # type: ignore[union-attr]
+    queued = [e for e in await harness.events() if e.type.value == "run.continued"]
+    assert [(e.data["by"], e.data["queued"]) for e in queued] == [("U2", True), ("U3", True)]
+
+    [gate] = await gw.pending_gates(run.run_id)
+    await gw.decide(gate.gate_id, Decision.APPROVE, by="U9")
+    done = await harness.wait_finished(run.run_id)
+    assert (done.status, done.final) == (RunStatus.COMPLETED, "deleted, and noted")
+    assert read_journal(str(journal)) == ["delete_user:42"]
+
+    last = wire(fake_openai.requests_for("delete 42")[-1]["messages"])
+    assert [r for r, _ in last] == ["user", "assistant", "tool", "user", "user"]
+    assert last[-2:] == [("user", "also log it"), ("user", "thanks")]
+    history = await gw.history(run.run_id, with_authors=True)
+    assert [m.get("by") for m in history if m["role"] == "user"] == ["U1", "U2", "U3"]
+    assert await harness.redis.llen(harness.keys.run_inbox(run.run_id)) == 0
+
+
+async def test_a_gate_after_a_continuation_is_requested_by_its_author(
+    harness: Harness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    fake_openai.script(
+        "start",
+        [reply("ready"), call("delete_user", {"user_id": "7"}), reply("gone")],
+    )
+    gw = harness.gateway
+    run = await gw.start_run("start", requested_by="U1")
+    await harness.wait_finished(run.run_id)
+    await gw.continue_run(run.run_id, "delete user 7", by="U2")
+    [opened] = await harness.opened_gates(run.run_id, 1)
+    assert opened.data["requested_by"] == "U2"
+    [gate] = await gw.pending_gates(run.run_id)
+    assert gate.requested_by == "U2"  # the bot refuses U2's approval (self-approval)
+
+
+async def test_a_cancelled_run_does_not_continue(harness: Harness, fake_openai: FakeOpenAI) -> None:
+    fake_openai.script("delete 5", [call("delete_user", {"user_id": "5"}), reply("x")])
+    gw = harness.gateway
+    run = await gw.start_run("delete 5", requested_by="U1")
+    await harness.opened_gates(run.run_id, 1)
+    await gw.cancel_run(run.run_id, by="U1")
+    with pytest.raises(InvalidState, match="cancelled"):
+        await gw.continue_run(run.run_id, "go on", by="U1")
+    with pytest.raises(RunNotFound):
+        await gw.continue_run("r-00zzzzzzzzzz", "go on", by="U1")
+    with pytest.raises(ValueError):
+        await gw.continue_run(run.run_id, "   ", by="U1")
+    assert len(await gw.history(run.run_id)) == 2
+
+
+async def test_a_failed_run_continues_and_counts_its_turns_afresh(
+    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    from tests.agents import ops
+    from tests.core.conftest import core_settings
+
+    h = Harness(redis, core_settings(redis_url, fake_openai.base_url, MAX_TURNS=1), ops)
+    h.start_worker()
+    try:
+        fake_openai.script("loop", [call("lookup", {"key": "a"}), reply("answered")])
+        run = await h.gateway.start_run("loop", requested_by="U1")
+        failed = await h.wait_finished(run.run_id)
+        assert failed.status is RunStatus.FAILED and "MAX_TURNS" in (failed.error or "")
+        assert await h.gateway.continue_run(run.run_id, "just answer", by="U1") == "started"
+        done = await h.gateway.wait(run.run_id, timeout=10)
+        assert (done.status, done.final, done.error) == (RunStatus.COMPLETED, "answered", None)
+    finally:
+        await h.close()
+
+
+# --- crash safety: the inbox moves to the history under the lease, in one script ---------
+async def lease(redis: Redis, run_key: str, ms: int = 60_000) -> str:
+    res = await redis.eval(scripts.ACQUIRE_LEASE, 1, run_key, ms, "test")
+    assert res[0] == "ok", res
+    return str(res[1])
+
+
+async def test_queued_messages_move_only_under_a_current_lease(
+    observer: Harness, redis: Redis
+) -> None:
+    gw, k = observer.gateway, observer.keys
+    run = await gw.start_run("inbox", requested_by="U1")
+    rid = run.run_id
+    await redis.hset(k.run(rid), mapping={"status": "running"})
+    assert await gw.continue_run(rid, "one", by="U2") is ContinueOutcome.QUEUED
+    assert await gw.continue_run(rid, "two", by="U3") is ContinueOutcome.QUEUED
+    fence = await lease(redis, k.run(rid))
+    read_keys = [k.run(rid), k.history(rid), k.authors(rid), k.run_inbox(rid)]
+
+    # A stale fence (a worker taken over) moves nothing: the messages stay queued.
+    await redis.eval(scripts.READ_FOR_MODEL, 4, *read_keys, "0")
+    assert await redis.llen(k.run_inbox(rid)) == 2
+    assert len(await gw.history(rid)) == 1
+
+    out = await redis.eval(scripts.READ_FOR_MODEL, 4, *read_keys, fence)
+    assert [json.loads(m)["content"] for m in out[5:]] == ["inbox", "one", "two"]
+    assert await redis.llen(k.run_inbox(rid)) == 0
+    assert await redis.hget(k.run(rid), "last_by") == "U3"
+
+    # A final answer that crossed a queued message does not finish the run.
+    assert await gw.continue_run(rid, "three", by="U2") is ContinueOutcome.QUEUED
+    after = await redis.eval(
+        scripts.RECORD_TURN,
+        7,
+        k.run(rid),
+        k.history(rid),
+        k.turn(rid, 1),
+        k.events(k.shard_of(rid)),
+        k.finished(k.shard_of(rid)),
+        k.active(k.shard_of(rid)),
+        k.run_inbox(rid),
+        fence,
+        "0",
+        json.dumps({"role": "assistant", "content": "early answer"}),
+        "done",
+        "early answer",
+        "{}",
+        "1",
+    )
+    got = dict(zip(after[::2], after[1::2], strict=True))
+    assert (got["status"], got["phase"], got["turn"]) == ("running", "model", "1")
