@@ -23,7 +23,7 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from agent_core import metrics
 
-from . import actions, commands, conversations, quiet
+from . import actions, commands, conversations, mentions, quiet
 from .context import BotContext
 from .ports import GatewayLike
 from .publisher import slack_error
@@ -134,6 +134,7 @@ def create_app(
     commands.register(app, ctx)
     quiet.register(app)
     actions.register(app, ctx)
+    mentions.register(app, ctx)  # before conversations: its DM listener is checked first
     conversations.register(app, ctx)
 
     @app.error

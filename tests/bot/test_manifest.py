@@ -19,7 +19,7 @@ def test_manifest_points_slack_at_the_bot() -> None:
 
 
 def test_manifest_grants_the_scopes_the_bot_uses() -> None:
-    scopes = re.findall(r"^\s+- ([a-z:.]+)\s", MANIFEST, re.MULTILINE)
+    scopes = re.findall(r"^\s+- ([a-z_:.]+)\s", MANIFEST, re.MULTILINE)
     assert {"commands", "chat:write", "usergroups:read"} <= set(scopes)
     # conversations.replies / conversations.history, to find a card posted before a crash
     assert {"channels:history", "groups:history", "im:history", "mpim:history"} <= set(scopes)
@@ -31,6 +31,20 @@ def test_manifest_subscribes_to_the_thread_replies_it_handles() -> None:
     block = MANIFEST.split("event_subscriptions:", 1)[1].split("interactivity:", 1)[0]
     assert re.search(r"request_url: \S+" + re.escape(EVENTS_PATH), block)
     events = set(re.findall(r"^\s+- (message\.[a-z]+)", block, re.MULTILINE))
-    assert events == {"message.channels", "message.groups"}
-    scopes = set(re.findall(r"^\s+- ([a-z:.]+)\s", MANIFEST, re.MULTILINE))
-    assert {"channels:history", "groups:history"} <= scopes
+    assert events == {"message.channels", "message.groups", "message.im"}
+    scopes = set(re.findall(r"^\s+- ([a-z_:.]+)\s", MANIFEST, re.MULTILINE))
+    assert {"channels:history", "groups:history", "im:history"} <= scopes
+
+
+def test_manifest_lets_mentions_and_dms_start_runs() -> None:
+    """``@agent <task>`` (app_mention, app_mentions:read) and a DM to the app (message.im,
+    with the app's Messages tab open to writing) start a run (bot/mentions.py)."""
+    block = MANIFEST.split("event_subscriptions:", 1)[1].split("interactivity:", 1)[0]
+    events = set(re.findall(r"^\s+- ([a-z_.]+)", block, re.MULTILINE))
+    assert {"app_mention", "message.im"} <= events
+    scopes = set(re.findall(r"^\s+- ([a-z_:.]+)\s", MANIFEST, re.MULTILINE))
+    assert {"app_mentions:read", "im:history", "chat:write"} <= scopes
+    assert "im:write" not in scopes  # the bot answers in DMs people opened; it opens none
+    home = MANIFEST.split("app_home:", 1)[1].split("oauth_config:", 1)[0]
+    assert re.search(r"messages_tab_enabled: true", home)
+    assert re.search(r"messages_tab_read_only_enabled: false", home)

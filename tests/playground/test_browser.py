@@ -147,7 +147,7 @@ async def test_a_reply_in_the_thread_continues_the_run(
     await open_as(page, playground, people.REQUESTER)
     thread = await start_task(page, "look up user 43")
     replies = thread.locator("#thread-replies .msg", has_text="Answer")
-    await expect(replies.first).to_contain_text("Alan Turing", timeout=SLOW)
+    await expect(replies.first).to_contain_text("User 43:", timeout=SLOW)
     # The reply goes to the bot as Slack's `message` event; the run continues in the thread.
     await send(page, "now delete user 43", composer="#thread-composer")
     await expect(
@@ -157,6 +157,22 @@ async def test_a_reply_in_the_thread_continues_the_run(
     await expect(gate).to_be_visible(timeout=SLOW)
     await expect(gate).to_contain_text('"user_id": "43"')
     await shot(page, "thread-reply-continues")
+
+
+async def test_a_mention_starts_a_run_in_its_thread(
+    page: Page, playground: PlaygroundProcess
+) -> None:
+    await open_as(page, playground, people.REQUESTER)
+    await send(page, "@agent look up user 42")
+    mine = page.locator("#messages .msg", has_text="look up user 42").filter(has_text="Riley")
+    link = mine.last.locator(".replies-link")
+    await expect(link).to_be_visible(timeout=SLOW)
+    await link.click()
+    thread = page.locator("#thread")
+    await expect(thread).to_contain_text("Task started by @Riley: look up user 42", timeout=SLOW)
+    answer = thread.locator("#thread-replies .msg", has_text="Answer")
+    # The look-up ran (user 42 may be gone by now: other tests in this playground delete it).
+    await expect(answer).to_contain_text("User 42:", timeout=SLOW)
 
 
 async def test_the_long_arguments_card_opens_them_all(

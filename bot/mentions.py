@@ -1,0 +1,186 @@
+"""Mentions and DMs: ``@agent <task>`` in a channel, or a DM to the app, starts a run.
+
+Slack sends ``app_mention`` for a message that mentions the bot, and ``message`` (with
+``channel_type: "im"``) for a message in the app's DM. The whole text, the bot's mentions
+taken out, is the task (``help`` or ``status`` are tasks here too). The run answers in a
+thread under the person's message: its root message ("Task started by …") is the thread's
+first reply, and its cards and answers follow. A reply in that thread continues the run
+(``bot.conversations``). An empty or too long task is answered privately; bots, this app,
+edits and plain channel chat are ignored. Slack's retries of one message start one run.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from slack_bolt.async_app import AsyncApp, AsyncBoltContext
+
+from . import cards
+from .commands import MAX_TASK_CHARS, parse_task
+from .context import BotContext
+from .publisher import slack_error
+from .store import RECORD_TTL_SECONDS
+
+log = logging.getLogger(__name__)
+
+MESSAGE_NS = "slack-message"
+MESSAGE_TTL_SECONDS = 3600  # Slack retries for about an hour at most
+_MENTION = re.compile(r"\s*<@([A-Z0-9]+)(?:\|[^>]*)?>\s*")
+
+EMPTY = "Write the task after the mention, for example: {bot} look up user 7. Nothing was started."
+TOO_LONG = (
+    "That task is {n:,} characters long; the limit is {limit:,}. Please shorten it. "
+    "Nothing was started."
+)
+NOT_POSTED = "I could not post here ({err}), so the task was not started."
+BACKEND_DOWN = "The agent backend is unavailable, so the task was not started. Try again shortly."
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A message that asks for a run: where it is, who wrote it, and its text."""
+
+    channel: str
+    ts: str
+    thread_ts: str | None  # the thread it was written in, if any
+    user: str
+    text: str
+
+    @property
+    def thread(self) -> str:
+        """The thread the run answers in: the message's own, or the one it is in."""
+        return self.thread_ts or self.ts
+
+
+def strip_mentions(text: str, bot_user_id: str | None) -> str:
+    """``text`` without the bot's mentions (without the leading mention if the bot's id is
+    unknown), spaces around them collapsed."""
+
+    def drop(m: re.Match[str]) -> str:
+        return " " if m.group(1) == bot_user_id else m.group(0)
+
+    if bot_user_id is None:
+        return _MENTION.sub(" ", text, count=1) if _MENTION.match(text) else text
+    return _MENTION.sub(drop, text)
+
+
+def ask_of(event: dict[str, Any], bot_user_id: str | None) -> Ask | None:
+    """The ask in a person's own, new message (no bot, no edit, not this app's), or None."""
+    if event.get("bot_id") or event.get("subtype") is not None:
+        return None
+    channel, ts, user, text = (event.get(k) for k in ("channel", "ts", "user", "text"))
+    if not all(isinstance(v, str) and v for v in (channel, ts, user)) or not isinstance(text, str):
+        return None
+    if bot_user_id and user == bot_user_id:
+        return None
+    thread_ts = event.get("thread_ts")
+    thread = thread_ts if isinstance(thread_ts, str) and thread_ts and thread_ts != ts else None
+    return Ask(str(channel), str(ts), thread, str(user), text)
+
+
+async def is_dm_task(event: dict[str, Any], context: AsyncBoltContext) -> bool:
+    """A new message (not a thread reply) in the app's DM: a listener matcher."""
+    ask = ask_of(event, context.bot_user_id)
+    return event.get("channel_type") == "im" and ask is not None and ask.thread_ts is None
+
+
+class Mentions:
+    """What a mention or a DM does."""
+
+    def __init__(self, ctx: BotContext) -> None:
+        self.ctx = ctx
+
+    async def on_ask(self, ask: Ask, text: str, team: str, bot_user_id: str | None) -> None:
+        """Start a run on ``text`` (mentions already taken out), answering in ask's thread."""
+        ctx = self.ctx
+        if ask.thread_ts and await ctx.store.run_of_thread(ask.channel, ask.thread_ts):
+            return  # a reply in a run's thread: bot.conversations continues the run
+        # Slack's retries carry the same message (and event_id): nothing is posted twice.
+        ident = f"{ask.channel}:{ask.ts}"
+        if not await ctx.store.first_time(MESSAGE_NS, ident, MESSAGE_TTL_SECONDS):
+            log.info("message %s already handled (a retry)", ident)
+            return
+        task = parse_task(text)
+        if not task:
+            await self._tell(
+                ask, EMPTY.format(bot=f"<@{bot_user_id}>" if bot_user_id else "@agent")
+            )
+            return
+        if len(task) > MAX_TASK_CHARS:
+            await self._tell(ask, TOO_LONG.format(n=len(task), limit=MAX_TASK_CHARS))
+            return
+        root = cards.root_message(task, ask.user, None, ctx.settings.slash_command)
+        try:
+            resp = await ctx.client.chat_postMessage(
+                channel=ask.channel, thread_ts=ask.thread, text=root.text, blocks=root.blocks
+            )
+        except Exception as exc:
+            err = slack_error(exc)
+            log.warning("could not post the task message in %s: %s", ask.channel, err)
+            await self._tell(ask, NOT_POSTED.format(err=err))
+            return
+        ts = str(resp["ts"])
+        origin = {"channel": ask.channel, "thread_ts": ask.thread, "team": team}
+        try:
+            run = await ctx.gateway.start_run(
+                task, requested_by=ask.user, origin=origin, idempotency_key=f"{MESSAGE_NS}:{ident}"
+            )
+        except Exception:
+            log.exception("start_run failed")
+            failed = cards.root_not_started(task, ask.user)
+            try:
+                await ctx.client.chat_update(
+                    channel=ask.channel, ts=ts, text=failed.text, blocks=failed.blocks
+                )
+            except Exception as exc:
+                log.warning("could not mark the task message failed: %s", slack_error(exc))
+            await self._tell(ask, BACKEND_DOWN)
+            return
+        log.info("run %s started by %s from a message in %s", run.run_id, ask.user, ask.channel)
+        try:
+            await ctx.store.save_run_root(run.run_id, ask.channel, ts)
+            # Replies in the person's thread (not under the root message) continue the run.
+            thread_key = ctx.store.thread_key(ask.channel, ask.thread)
+            await ctx.store.redis.set(thread_key, run.run_id, ex=RECORD_TTL_SECONDS)
+            await ctx.publisher.show_run(run.run_id)
+        except Exception as exc:  # the notifier updates it on the run's next event
+            log.warning("root message update deferred: %s", exc)
+
+    async def _tell(self, ask: Ask, text: str) -> None:
+        """A message only the asker sees, where they asked."""
+        try:
+            await self.ctx.client.chat_postEphemeral(
+                channel=ask.channel, user=ask.user, text=text, thread_ts=ask.thread_ts
+            )
+        except Exception as exc:
+            log.warning("could not tell %s: %s", ask.user, slack_error(exc))
+
+
+def register(app: AsyncApp, ctx: BotContext) -> None:
+    """Register before ``bot.conversations``: Bolt runs the first listener that matches."""
+    mentions = Mentions(ctx)
+
+    async def handle(event: dict[str, Any], body: dict[str, Any], bot: str | None) -> None:
+        ask = ask_of(event, bot)
+        if ask is None:
+            return
+        text = strip_mentions(ask.text, bot)
+        async with ctx.busy():
+            await mentions.on_ask(ask, text, str(body.get("team_id") or ""), bot)
+
+    @app.event("app_mention")
+    async def on_mention(
+        ack: Any, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
+    ) -> None:
+        await ack()
+        await handle(event, body, context.bot_user_id)
+
+    @app.event("message", matchers=[is_dm_task])
+    async def on_dm(
+        ack: Any, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
+    ) -> None:
+        await ack()
+        await handle(event, body, context.bot_user_id)
