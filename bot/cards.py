@@ -340,6 +340,22 @@ def args_modal(gate: Gate) -> dict[str, Any]:
     }
 
 
+def _reason_input() -> dict[str, Any]:
+    """The deny forms' optional reason (Slack adds "(optional)" to the label itself)."""
+    return {
+        "type": "input",
+        "block_id": REASON_BLOCK,
+        "optional": True,
+        "label": {"type": "plain_text", "text": "Reason"},
+        "element": {
+            "type": "plain_text_input",
+            "action_id": REASON_ACTION,
+            "multiline": True,
+            "max_length": REASON_MAX,
+        },
+    }
+
+
 def deny_modal(gate: Gate, private_metadata: str) -> dict[str, Any]:
     """The modal asking for an optional reason before denying."""
     return {
@@ -354,18 +370,7 @@ def deny_modal(gate: Gate, private_metadata: str) -> dict[str, Any]:
                 f"Deny `{clip(escape(gate.tool), 200)}` for run `{clip_escaped(gate.run_id, 100)}`? "
                 "The agent is told who declined it and why, and not to retry."
             ),
-            {
-                "type": "input",
-                "block_id": REASON_BLOCK,
-                "optional": True,
-                "label": {"type": "plain_text", "text": "Reason"},
-                "element": {
-                    "type": "plain_text_input",
-                    "action_id": REASON_ACTION,
-                    "multiline": True,
-                    "max_length": REASON_MAX,
-                },
-            },
+            _reason_input(),
         ],
     }
 
@@ -531,18 +536,7 @@ def deny_all_modal(pending: list[Gate], private_metadata: str) -> dict[str, Any]
                 f"`{clip_escaped(pending[0].run_id, 100)}`: {_names(pending, 20)}? The agent is "
                 "told who declined them and why, and not to retry. The reason goes to each."
             ),
-            {
-                "type": "input",
-                "block_id": REASON_BLOCK,
-                "optional": True,
-                "label": {"type": "plain_text", "text": "Reason"},
-                "element": {
-                    "type": "plain_text_input",
-                    "action_id": REASON_ACTION,
-                    "multiline": True,
-                    "max_length": REASON_MAX,
-                },
-            },
+            _reason_input(),
         ],
     }
 
