@@ -340,9 +340,8 @@ class Worker:
                         HOUSEKEEPING_INTERVAL, self.settings.stuck_run_after
                     )
                     await self.housekeeping()
-                expired = await self.sweep()
-                due, next_in = await self.gateway.due_gates(limit=1)
-                wait = 0.0 if (expired and due) else min(next_in or interval, interval)
+                _moved, more, next_in = await self._sweep_once()
+                wait = 0.0 if more else min(next_in or interval, interval)
             except Exception as exc:  # Redis, or the client's state: the sweeper outlives it
                 log.warning("sweeper: Redis unavailable (%s)", type(exc).__name__)
                 wait = interval
@@ -365,7 +364,13 @@ class Worker:
 
     async def sweep(self, limit: int = 100) -> int:
         """Expire every overdue gate (several workers may sweep at once); how many moved."""
-        due, _ = await self.gateway.due_gates(limit)
+        moved, _more, _next_in = await self._sweep_once(limit)
+        return moved
+
+    async def _sweep_once(self, limit: int = 100) -> tuple[int, bool, float | None]:
+        """One pass: (gates expired, whether more may be due, seconds to the next deadline).
+        The deadlines of every shard are read once per pass."""
+        due, next_in = await self.gateway.due_gates(limit)
         moved = 0
         for gate_id in due:
             try:
@@ -377,7 +382,7 @@ class Worker:
             if res is not None and res.applied:
                 moved += 1
                 log.info("gate %s expired", gate_id)
-        return moved
+        return moved, len(due) >= limit, next_in
 
 
 async def run_worker(

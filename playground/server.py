@@ -33,7 +33,7 @@ from aiohttp import web
 from . import people
 from .hub import Hub
 from .outbound import Answer, Sender, new_trigger_id
-from .slack_api import WebApi, with_block_ids
+from .slack_api import WebApi, bot_message, with_block_ids
 from .store import Message, Store
 from .wire import MAX_MESSAGE_BLOCKS, bearer, blocks_detail, read_args, truthy
 
@@ -137,18 +137,8 @@ class Playground:
             return web.json_response({"ok": True})
         in_channel = args.get("response_type") == "in_channel"
         thread = args.get("thread_ts") or ctx.get("thread_ts")
-        await self.api.post(
-            Message(
-                channel=channel,
-                ts="",
-                text=str(args.get("text") or ""),
-                blocks=list(args.get("blocks") or []),
-                thread_ts=str(thread) if thread else None,
-                user=people.BOT_USER_ID,
-                bot_id=people.BOT_ID,
-                ephemeral_to=None if in_channel else user,
-            )
-        )
+        content = {**args, "channel": channel, "thread_ts": thread}
+        await self.api.post(bot_message(content, ephemeral_to=None if in_channel else user))
         return web.json_response({"ok": True})
 
     async def _response_url(self, user: str, msg: Message | None) -> str:
@@ -332,18 +322,8 @@ class Playground:
                 )
                 return
             in_channel = data.get("response_type") == "in_channel"
-            await self.api.post(
-                Message(
-                    channel=people.CHANNEL_ID,
-                    ts="",
-                    text=str(data.get("text") or ""),
-                    blocks=list(data.get("blocks") or []),
-                    thread_ts=thread,
-                    user=people.BOT_USER_ID,
-                    bot_id=people.BOT_ID,
-                    ephemeral_to=None if in_channel else user,
-                )
-            )
+            content = {**data, "channel": people.CHANNEL_ID, "thread_ts": thread}
+            await self.api.post(bot_message(content, ephemeral_to=None if in_channel else user))
         elif data is None and answer.body.strip():
             await self._ephemeral(user, thread, answer.body.strip())
 

@@ -161,18 +161,7 @@ class WebApi:
     async def _api_chat_postMessage(self, args: dict[str, Any]) -> dict[str, Any]:
         if (problem := self._content_problem(args)) is not None:
             return problem
-        msg = await self.post(
-            Message(
-                channel=str(args["channel"]),
-                ts="",
-                text=str(args.get("text") or ""),
-                blocks=list(args.get("blocks") or []),
-                thread_ts=str(args["thread_ts"]) if args.get("thread_ts") else None,
-                user=people.BOT_USER_ID,
-                bot_id=people.BOT_ID,
-                metadata=args.get("metadata") or None,
-            )
-        )
+        msg = await self.post(bot_message(args, metadata=args.get("metadata") or None))
         return {"ok": True, "channel": msg.channel, "ts": msg.ts, "message": self.wire(msg, True)}
 
     async def _api_chat_update(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -200,18 +189,7 @@ class WebApi:
         user = str(args.get("user") or "")
         if people.person(user) is None:
             return _fail("user_not_in_channel")
-        msg = await self.post(
-            Message(
-                channel=str(args["channel"]),
-                ts="",
-                text=str(args.get("text") or ""),
-                blocks=list(args.get("blocks") or []),
-                thread_ts=str(args["thread_ts"]) if args.get("thread_ts") else None,
-                user=people.BOT_USER_ID,
-                bot_id=people.BOT_ID,
-                ephemeral_to=user,
-            )
-        )
+        msg = await self.post(bot_message(args, ephemeral_to=user))
         return {"ok": True, "message_ts": msg.ts}
 
     async def _api_chat_delete(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -385,3 +363,24 @@ def with_block_ids(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else {**b, "block_id": secrets.token_urlsafe(4)[:5]}
         for b in blocks
     ]
+
+
+def bot_message(
+    args: dict[str, Any],
+    *,
+    ephemeral_to: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Message:
+    """A new message from the bot with the content of a call's (or an answer's) arguments:
+    ``channel``, ``text``, ``blocks``, ``thread_ts``; its ts is given when it is posted."""
+    return Message(
+        channel=str(args.get("channel") or people.CHANNEL_ID),
+        ts="",
+        text=str(args.get("text") or ""),
+        blocks=list(args.get("blocks") or []),
+        thread_ts=str(args["thread_ts"]) if args.get("thread_ts") else None,
+        user=people.BOT_USER_ID,
+        bot_id=people.BOT_ID,
+        metadata=metadata,
+        ephemeral_to=ephemeral_to,
+    )
