@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING, Any
 
-from .agent import Agent
+from .agent import Agent, AgentTool
 from .connections import create_redis
 from .events import EventConsumer
 from .exceptions import (
@@ -33,12 +33,14 @@ from .models import (
 )
 from .settings import Settings
 from .tools import Tool, tool
+from .toolsets import Toolset
 
 if TYPE_CHECKING:
     from .worker import Worker, run_worker
 
 __all__ = [
     "Agent",
+    "AgentTool",
     "ArgsHashMismatch",
     "ConfigError",
     "ContinueOutcome",
@@ -64,6 +66,7 @@ __all__ = [
     "ToolArgumentsError",
     "ToolDefinitionError",
     "ToolError",
+    "Toolset",
     "Worker",
     "create_redis",
     "run_worker",

@@ -2,19 +2,45 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .exceptions import ConfigError
 from .tools import Tool
+from .toolsets import Toolset
 
 log = logging.getLogger(__name__)
 
 ApprovalPolicy = Literal["none", "all"] | Sequence[str]
+# A suggested prompt: the text itself, or (title shown, message sent).
+SuggestedPrompt = str | tuple[str, str]
+MAX_SUGGESTED_PROMPTS = 4  # Slack shows at most four in an assistant thread
+
+
+def _ask_sub_agent(task: str) -> str:  # the schema of every sub-agent tool
+    """Args:
+    task: What to ask, in full: the sub-agent sees nothing else of this conversation.
+    """
+    raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class AgentTool(Tool):
+    """A tool that runs another agent as a child run (see :meth:`Agent.as_tool`).
+
+    The worker never calls it like a function: the call starts a child run in Redis, whose
+    final answer becomes the call's result.
+    """
+
+    agent: Agent | None = None
+
+    async def call(self, args: Any) -> str:
+        raise RuntimeError(f"{self.name} is a sub-agent: the runner starts it as a child run")
 
 
 @dataclass
@@ -29,16 +55,29 @@ class Agent:
 
     name: str
     instructions: str
-    tools: Sequence[Tool | Callable[..., Any]] = ()
+    tools: Sequence[Tool | Agent | Callable[..., Any]] = ()
     model: str | None = None
     approval_policy: ApprovalPolicy = "none"
     approval_timeout: float | None = None
+    description: str = ""
+    """One line on what the agent does: ``/agent help``, and a sub-agent tool's default."""
+    suggested_prompts: Sequence[SuggestedPrompt] = ()
+    """Offered when someone opens the agent's assistant thread in Slack (at most four)."""
+    toolsets: Sequence[Toolset] = ()
+    """Sources of more tools, opened by the worker (MCP servers)."""
     _by_name: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
+    _own: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
+    _version: tuple[int, ...] = field(init=False, repr=False, default=())
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError("an agent needs a name")
         tools: list[Tool] = []
         for t in self.tools:
-            tools.append(t if isinstance(t, Tool) else Tool.from_function(t))
+            if isinstance(t, Agent):
+                tools.append(t.as_tool())
+            else:
+                tools.append(t if isinstance(t, Tool) else Tool.from_function(t))
         names = [t.name for t in tools]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -50,7 +89,7 @@ class Agent:
                     f"agent {self.name!r}: approval_policy must be 'none', 'all' or a list of "
                     f"tool names, not {policy!r}"
                 )
-        else:
+        elif not self.toolsets:  # a toolset's tools are known only once it is open
             unknown = sorted(set(policy) - set(names))
             if unknown:
                 raise ValueError(
@@ -61,12 +100,114 @@ class Agent:
             raise ValueError(
                 f"agent {self.name!r}: approval_timeout must be a positive number of seconds"
             )
+        prompts = list(self.suggested_prompts)
+        if len(prompts) > MAX_SUGGESTED_PROMPTS:
+            raise ValueError(
+                f"agent {self.name!r}: at most {MAX_SUGGESTED_PROMPTS} suggested prompts"
+            )
+        for p in prompts:
+            texts = (p,) if isinstance(p, str) else p
+            if not (
+                isinstance(texts, tuple)
+                and len(texts) in (1, 2)
+                and all(isinstance(x, str) and x.strip() for x in texts)
+            ):
+                raise ValueError(
+                    f"agent {self.name!r}: a suggested prompt is a text or (title, message)"
+                )
+        names_seen = [ts.name for ts in self.toolsets]
+        if len(set(names_seen)) != len(names_seen):
+            raise ValueError(f"agent {self.name!r}: two toolsets share a name")
         self.tools = tools
-        self._by_name = {t.name: t for t in tools}
+        self._own = {t.name: t for t in tools}
+        self._by_name = dict(self._own)
+        self._version = self.tools_version
+
+    # --- tools ------------------------------------------------------------------------
+    @property
+    def tools_version(self) -> tuple[int, ...]:
+        """Changes whenever a toolset's tools change."""
+        return tuple(ts.version for ts in self.toolsets)
+
+    def _current(self) -> dict[str, Tool]:
+        version = self.tools_version
+        if version != self._version:
+            self._by_name = self._resolve()
+            self._version = version
+        return self._by_name
+
+    def _resolve(self) -> dict[str, Tool]:
+        """Own tools first; a toolset's tool whose name is taken (by an own tool or another
+        toolset's) is offered as ``<toolset>_<tool>``."""
+        listed = [(ts.name, t) for ts in self.toolsets for t in ts.tools()]
+        counts: dict[str, int] = {}
+        for _, t in listed:
+            counts[t.name] = counts.get(t.name, 0) + 1
+        out = dict(self._own)
+        for source, t in listed:
+            name = t.name
+            if name in self._own or counts[name] > 1:
+                name = f"{source}_{t.name}"[:64]
+            if name in out:
+                log.warning(
+                    "agent %s: tool %s of %s hidden (name taken)", self.name, t.name, source
+                )
+                continue
+            out[name] = t if name == t.name else dataclasses.replace(t, name=name)
+        return out
 
     def get_tool(self, name: str) -> Tool | None:
         """The tool with that name, or None."""
-        return self._by_name.get(name)
+        return self._current().get(name)
+
+    def tool_names(self) -> list[str]:
+        """Every tool the model is offered now."""
+        return list(self._current())
+
+    async def open(self) -> None:
+        """Open every toolset (the worker does, once)."""
+        for ts in self.toolsets:
+            await ts.open()
+
+    async def close(self) -> None:
+        """Close every toolset."""
+        for ts in self.toolsets:
+            await ts.close()
+
+    # --- sub-agents -------------------------------------------------------------------
+    def as_tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        requires_approval: bool | None = None,
+    ) -> AgentTool:
+        """This agent as a tool of another: a call runs it as a child run, whose gates are
+        shown on the parent's thread and whose final answer is the call's result."""
+        base = Tool.from_function(
+            _ask_sub_agent,
+            name=name or self.name,
+            description=description or self.description or f"Ask the {self.name} agent.",
+            requires_approval=requires_approval,
+        )
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tool)}
+        return AgentTool(**fields, agent=self)
+
+    def sub_agents(self) -> list[Agent]:
+        """The agents this one calls as tools (not recursively)."""
+        return [t.agent for t in self._own.values() if isinstance(t, AgentTool) and t.agent]
+
+    def all_agents(self) -> Iterator[Agent]:
+        """This agent and every agent reachable through sub-agent tools, each once."""
+        seen: set[int] = set()
+        stack: list[Agent] = [self]
+        while stack:
+            a = stack.pop()
+            if id(a) in seen:
+                continue
+            seen.add(id(a))
+            yield a
+            stack.extend(reversed(a.sub_agents()))
 
     def requires_approval(self, t: Tool, args: dict[str, Any]) -> bool:
         """Whether this call needs a human: the tool's rule first, then the agent's policy.
@@ -93,7 +234,7 @@ class Agent:
 
     def openai_tools(self) -> list[dict[str, Any]]:
         """The ``tools`` parameter of a Chat Completions request."""
-        return [t.openai_schema() for t in self._by_name.values()]
+        return [t.openai_schema() for t in self._current().values()]
 
 
 def load_agent(path: str) -> Agent:

@@ -100,8 +100,11 @@ class Gateway:
         origin: dict[str, Any] | None = None,
         *,
         idempotency_key: str | None = None,
+        agent: str | None = None,
     ) -> Run:
         """Queue a new run of the agent on ``task``; a worker picks it up.
+
+        ``agent`` names the agent (default: the Gateway's ``agent_name``).
 
         With ``idempotency_key`` (a Slack trigger id, a request id), calling again with the
         same key within a day returns the run the first call started and starts nothing.
@@ -123,7 +126,7 @@ class Gateway:
         now = time.time()
         fields = {
             "run_id": run_id,
-            "agent": self.agent_name,
+            "agent": agent or self.agent_name,
             "task": task,
             "requested_by": requested_by,
             "origin": json.dumps(origin or {}),

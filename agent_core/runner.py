@@ -151,15 +151,24 @@ class Runner:
         self._open = redis.register_script(scripts.OPEN_GATES)
         self._finish = redis.register_script(scripts.FINISH_TURN)
         self._fail = redis.register_script(scripts.FAIL_RUN)
-        self._tools_param = agent.openai_tools()
-        # The request body up to the first history message. The history is stored as the
-        # JSON of each message, and spliced in as it is: never decoded, never re-encoded
-        # (at 1,000 messages that was most of a model turn's CPU, measured).
-        head: dict[str, Any] = {"model": self.model}
-        if self._tools_param:
-            head["tools"] = self._tools_param
-        system = json.dumps({"role": "system", "content": agent.instructions})
-        self._body_head = (json.dumps(head)[:-1] + ',"messages":[' + system).encode()
+        self._head_version: tuple[int, ...] | None = None
+        self._body_head = b""
+
+    def _head(self) -> bytes:
+        """The request body up to the first history message, rebuilt when a toolset's tools
+        change. The history is stored as the JSON of each message, and spliced in as it is:
+        never decoded, never re-encoded (at 1,000 messages that was most of a model turn's
+        CPU, measured)."""
+        version = self.agent.tools_version
+        if version != self._head_version:
+            head: dict[str, Any] = {"model": self.model}
+            tools = self.agent.openai_tools()
+            if tools:
+                head["tools"] = tools
+            system = json.dumps({"role": "system", "content": self.agent.instructions})
+            self._body_head = (json.dumps(head)[:-1] + ',"messages":[' + system).encode()
+            self._head_version = version
+        return self._body_head
 
     # --- driving ----------------------------------------------------------------------
     async def advance(self, run_id: str, fence: str, lost: asyncio.Event | None = None) -> None:
@@ -327,9 +336,10 @@ class Runner:
 
     def request_body(self, history: list[str]) -> bytes:
         """The Chat Completions request for a history given as stored (each message's JSON)."""
+        head = self._head()
         if not history:
-            return self._body_head + b"]}"
-        return b"".join((self._body_head, b",", ",".join(history).encode(), b"]}"))
+            return head + b"]}"
+        return b"".join((head, b",", ",".join(history).encode(), b"]}"))
 
     async def _complete_model(
         self, request: bytes, run_id: str = "", lost: asyncio.Event | None = None
@@ -448,7 +458,7 @@ class Runner:
                 result = messages.too_many_calls(len(calls), self.max_calls_per_turn)
             elif t is None:
                 state = "done"
-                result = messages.unknown_tool(c.name, [x.name for x in self.agent.tools])  # type: ignore[union-attr]
+                result = messages.unknown_tool(c.name, self.agent.tool_names())
             else:
                 try:
                     args = t.validate(c.arguments)
