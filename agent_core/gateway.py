@@ -71,7 +71,7 @@ class Gateway:
         redis: Redis,
         keys: Keys | None = None,
         *,
-        agent_name: str = "agent",
+        agent_name: str = "",
         events_maxlen: int = 100_000,
         decision_replicas: int = 0,
         decision_wait_ms: int = 1000,
@@ -104,7 +104,8 @@ class Gateway:
     ) -> Run:
         """Queue a new run of the agent on ``task``; a worker picks it up.
 
-        ``agent`` names the agent (default: the Gateway's ``agent_name``).
+        ``agent`` names the agent (default: the Gateway's ``agent_name``; when that is empty
+        too, the workers' first agent).
 
         With ``idempotency_key`` (a Slack trigger id, a request id), calling again with the
         same key within a day returns the run the first call started and starts nothing.

@@ -151,6 +151,9 @@ class Runner:
         self._open = redis.register_script(scripts.OPEN_GATES)
         self._finish = redis.register_script(scripts.FINISH_TURN)
         self._fail = redis.register_script(scripts.FAIL_RUN)
+        # The runners of the other agents this worker serves, by agent name: a job names a
+        # run, and the run names its agent.
+        self.peers: dict[str, Runner] = {}
         self._head_version: tuple[int, ...] | None = None
         self._body_head = b""
 
@@ -190,7 +193,24 @@ class Runner:
             raise LeaseLost(run_id)
         if began[0] != "running":
             return
-        run: dict[str, str] | None = pairs(began[1])
+        run = pairs(began[1])
+        name = run.get("agent") or self.agent.name  # none named: this worker's first agent
+        runner = self if name == self.agent.name else self.peers.get(name)
+        if runner is None:
+            served = ", ".join(sorted({self.agent.name, *self.peers})) or "none"
+            await self.fail(
+                run_id,
+                f"no agent named {name!r} is configured on this worker (it serves {served}): "
+                "add it to AGENTS on the workers, or start runs of a configured agent",
+                fence,
+            )
+            return
+        await runner.drive(run, fence, lost)
+
+    async def drive(
+        self, run: dict[str, str] | None, fence: str, lost: asyncio.Event | None = None
+    ) -> None:
+        """Advance a run this worker has begun (see :meth:`advance`) until it pauses."""
         # Each step's script hands back the run as it left it: no re-read between steps.
         while run is not None and run.get("status") == "running":
             phase, turn = run.get("phase"), int(run.get("turn") or 0)

@@ -264,7 +264,7 @@ return {'applied', redis.call('HGETALL', KEYS[1])}
 
 # Take a run to `running` when a job for it starts.
 # KEYS[1] run hash, KEYS[2] events stream
-# ARGV[1] fence, ARGV[2] agent name, ARGV[3] now
+# ARGV[1] fence, ARGV[2] agent name (when the run hash names none), ARGV[3] now
 # Returns {status after the call, run hash as a flat list}: running, awaiting_approval
 # (gates still pending) or the finished status; {''} when the run does not exist; {'lost'}
 # when the lease is no longer the caller's.
@@ -276,8 +276,8 @@ if not st then return {''} end
 if not holds(KEYS[1], ARGV[1]) then return {'lost'} end
 if st == 'queued' then
   redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[3])
-  local r = redis.call('HMGET', KEYS[1], 'run_id', 'task', 'requested_by', 'origin')
-  local data = '{"run_id":' .. cjson.encode(r[1]) .. ',"agent":' .. cjson.encode(ARGV[2])
+  local r = redis.call('HMGET', KEYS[1], 'run_id', 'task', 'requested_by', 'origin', 'agent')
+  local data = '{"run_id":' .. cjson.encode(r[1]) .. ',"agent":' .. cjson.encode(r[5] or ARGV[2])
     .. ',"task":' .. cjson.encode(r[2]) .. ',"requested_by":' .. cjson.encode(r[3])
     .. ',"origin":' .. (r[4] or '{}') .. '}'
   redis.call('XADD', KEYS[2], '*', 'type', 'run.started', 'run_id', r[1], 'data', data)

@@ -16,6 +16,7 @@ import os
 import secrets
 import signal
 import socket
+from collections.abc import Sequence
 
 from aiohttp import web
 from openai import AsyncOpenAI
@@ -54,38 +55,56 @@ class Worker:
     def __init__(
         self,
         redis: Redis,
-        agent: Agent,
+        agent: Agent | Sequence[Agent],
         client: AsyncOpenAI,
         settings: Settings,
         *,
         name: str | None = None,
         stop: asyncio.Event | None = None,
     ) -> None:
+        configured = [agent] if isinstance(agent, Agent) else list(agent)
+        if not configured:
+            raise ConfigError("AGENTS is empty: a worker needs at least one agent")
         self.redis = redis
-        self.agent = agent
+        self.agent = configured[0]  # runs that name no agent are this one's
+        # Every configured agent and every sub-agent they call, by name.
+        self.agents: dict[str, Agent] = {}
+        for top in configured:
+            for a in top.all_agents():
+                if self.agents.setdefault(a.name, a) is not a:
+                    raise ConfigError(
+                        f"AGENTS: two different agents are named {a.name!r} (a sub-agent "
+                        "included); give each agent its own name"
+                    )
         self.settings = settings
         self.keys = Keys(settings.key_prefix, settings.shards)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.gateway = Gateway(
             redis,
             self.keys,
-            agent_name=agent.name,
+            agent_name=self.agent.name,
             events_maxlen=settings.events_maxlen,
             decision_replicas=settings.decision_replicas,
         )
-        self.runner = Runner(
-            redis,
-            self.keys,
-            agent,
-            client,
-            model=settings.openai_model,
-            approval_timeout=settings.approval_timeout,
-            events_maxlen=settings.events_maxlen,
-            max_turns=settings.max_turns,
-            max_calls_per_turn=settings.max_calls_per_turn,
-            model_retries=settings.openai_max_retries,
-            retry_budget=settings.openai_retry_budget,
-        )
+        self.runners = {
+            a.name: Runner(
+                redis,
+                self.keys,
+                a,
+                client,
+                model=settings.openai_model,
+                approval_timeout=settings.approval_timeout,
+                events_maxlen=settings.events_maxlen,
+                max_turns=settings.max_turns,
+                max_calls_per_turn=settings.max_calls_per_turn,
+                model_retries=settings.openai_max_retries,
+                retry_budget=settings.openai_retry_budget,
+            )
+            for a in self.agents.values()
+        }
+        for r in self.runners.values():
+            r.peers = self.runners
+        self.runner = self.runners[self.agent.name]
         lease_ms = int(settings.worker_lease * 1000)
         self.lease_ms = lease_ms
         keys = self.keys
@@ -117,12 +136,27 @@ class Worker:
     async def run(self) -> None:
         """Serve until :meth:`stop`; in-flight jobs get a short grace period."""
         log.info(
-            "worker %s serving agent %r (%s, %d shards)",
+            "worker %s serving %s %s (%s, %d shards)",
             self.name,
-            self.agent.name,
+            "agent" if len(self.agents) == 1 else "agents",
+            ", ".join(repr(n) for n in self.agents),
             "Redis Cluster" if is_cluster(self.redis) else "one Redis",
             self.keys.shards,
         )
+        opened: list[Agent] = []
+        try:
+            for a in self.agents.values():
+                await a.open()  # toolsets connect once per process; failures are logged
+                opened.append(a)
+            await self._serve()
+        finally:
+            for a in opened:
+                try:
+                    await a.close()
+                except Exception:
+                    log.warning("agent %s: closing its toolsets failed", a.name, exc_info=True)
+
+    async def _serve(self) -> None:
         exporter = await self._serve_metrics()
         tasks = [asyncio.create_task(self._sweep_forever(), name="sweeper")]
         tasks += [
@@ -388,7 +422,7 @@ class Worker:
 async def run_worker(
     settings: Settings | None = None,
     *,
-    agent: Agent | None = None,
+    agent: Agent | Sequence[Agent] | None = None,
     stop: asyncio.Event | None = None,
     name: str | None = None,
 ) -> None:
