@@ -7,6 +7,7 @@ it writes to Redis and the workers pick the work up from the jobs stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -16,7 +17,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from . import metrics, scripts
+from . import messages, metrics, scripts
+from .children import parent_keys
 from .completions import clean_text
 from .events import EventConsumer
 from .exceptions import ArgsHashMismatch, GateNotFound, InvalidState, RunNotFound
@@ -315,10 +317,12 @@ class Gateway:
         for _ in range(10):
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.smembers(k.run_gates(run_id))
-                pipe.hget(k.run(run_id), "turn")
-                members, turn = await pipe.execute()
+                pipe.hmget(k.run(run_id), ["turn", "parent", "parent_turn", "agent"])
+                members, (turn, parent, parent_turn, agent) = await pipe.execute()
             gate_ids = sorted(members)
             turn = turn or "0"
+            family = {"parent": parent or "", "parent_turn": parent_turn or "0"}
+            told = messages.sub_agent_cancelled(agent or "", by) if parent else ""
             were_pending = await metrics.pending_gates(self.redis, k, gate_ids)
             res = await self._cancel(
                 keys=[
@@ -329,6 +333,7 @@ class Gateway:
                     k.finished(shard),
                     k.active(shard),
                     k.turn(run_id, int(turn)),
+                    *parent_keys(k, run_id, family),
                     *(k.gate(g) for g in gate_ids),
                 ],
                 args=[
@@ -336,6 +341,7 @@ class Gateway:
                     clean_text(reason or "")[:MAX_REASON_CHARS],
                     run_id,
                     turn,
+                    told,
                     *gate_ids,
                 ],
             )
@@ -345,10 +351,24 @@ class Gateway:
                 raise InvalidState(f"run {run_id} has already {res[1]}")
             if res[0] == "cancelled":
                 await metrics.count_cancelled(self.redis, k, were_pending)
+                await self.cancel_children(run_id, by, f"its parent run {run_id} was cancelled")
                 run = await self.get_run(run_id)
                 assert run is not None
                 return run
         raise InvalidState(f"run {run_id} kept opening gates; try again")
+
+    async def cancel_children(self, run_id: str, by: str, reason: str) -> int:
+        """Cancel the run's unfinished child runs (sub-agents), and theirs; how many.
+
+        A crash half-way leaves a child running: the worker that next advances it finds
+        its parent finished and cancels it then.
+        """
+        cancelled = 0
+        for child in sorted(await self.redis.smembers(self.keys.children(run_id))):
+            with contextlib.suppress(InvalidState, RunNotFound):
+                await self.cancel_run(child, by, reason)
+                cancelled += 1
+        return cancelled
 
     async def retry_run(self, run_id: str, by: str) -> Run:
         """Continue a run whose model call kept failing, from the step it failed in.
@@ -637,7 +657,7 @@ class Gateway:
             for i, run_id in enumerate(run_ids):
                 (turn, requested_by), gate_ids = replies[2 * i], replies[2 * i + 1]
                 doomed = [k.run(run_id), k.history(run_id), k.run_gates(run_id)]
-                doomed += [k.run_inbox(run_id), k.authors(run_id)]
+                doomed += [k.run_inbox(run_id), k.authors(run_id), k.children(run_id)]
                 doomed += [k.turn(run_id, n) for n in range(1, int(turn or 0) + 1)]
                 doomed += [k.gate(g) for g in gate_ids]
                 pipe.unlink(*doomed)

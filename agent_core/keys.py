@@ -119,6 +119,10 @@ class Keys:
         of the messages, which go to the model as they are stored."""
         return f"{self._run_base(run_id)}:authors"
 
+    def children(self, run_id: str) -> str:
+        """Set: the run's child runs (sub-agents), which live in its shard."""
+        return f"{self._run_base(run_id)}:children"
+
     def start_key(self, key: str) -> str:
         """String: the run an idempotency key (e.g. a Slack trigger id) already started. It
         lives in :meth:`shard_for` ``(key)``, the shard the run is started in."""

@@ -78,3 +78,21 @@ def too_many_calls(n: int, limit: int) -> str:
         f"Error: this turn asked for {n} tool calls, more than the {limit} allowed in one turn "
         f"(MAX_CALLS_PER_TURN). None of them ran. Make at most {limit} calls per turn."
     )
+
+
+def sub_agent_failed(agent: str, error: str) -> str:
+    return f"Error: the sub-agent {agent} failed and gave no answer: {error}"
+
+
+def sub_agent_cancelled(agent: str, by: str) -> str:
+    return (
+        f"Not finished: the sub-agent {agent} was cancelled by {by or 'a user'} before it "
+        "answered. Whatever it did before that stays done."
+    )
+
+
+def too_deep(agent: str, limit: int) -> str:
+    return (
+        f"Error: the sub-agent {agent} was not started: sub-agents may nest at most {limit} "
+        "deep, and this call would go deeper. Nothing ran. Answer with what you have."
+    )

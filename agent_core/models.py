@@ -129,7 +129,8 @@ class Gate(BaseModel):
     decided_by: str | None = None
     decided_at: float | None = None
     reason: str | None = None
-    nested: bool = False
+    nested: bool = False  # opened by a sub-agent's run (its path says whose)
+    path: list[str] = Field(default_factory=list)  # the agents from the top run down to this
     decided_hash: str | None = None  # the arguments hash the decider saw
     closed_by_failure: bool = False  # cancelled because the run failed
     index: int | None = None  # the call's position in its turn (None: a gate of an older core)
@@ -156,6 +157,7 @@ class Gate(BaseModel):
             decided_at=_opt_float(h.get("decided_at")),
             reason=h.get("reason") or None,
             nested=h.get("nested") == "1",
+            path=_str_list(h.get("path")),
             decided_hash=h.get("decided_hash") or None,
             closed_by_failure=h.get("closed_by_failure") == "1",
             index=int(h["index"]) if h.get("index") else None,
@@ -192,3 +194,11 @@ class Event(BaseModel):
     data: dict[str, Any]
     # The stream it was read from (each shard has its own), for acknowledging it.
     stream: str = ""
+
+
+def _str_list(raw: str | None) -> list[str]:
+    try:
+        value = json.loads(raw or "[]")
+    except ValueError:
+        return []
+    return [str(x) for x in value] if isinstance(value, list) else []

@@ -25,8 +25,9 @@ import openai
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from . import messages, metrics, retries, scripts
-from .agent import Agent
+from . import children, messages, metrics, retries, scripts
+from .agent import Agent, AgentTool
+from .children import child_origin
 from .completions import (
     Completion,
     ModelResponseError,
@@ -37,7 +38,7 @@ from .completions import (
     redact_secrets,
 )
 from .exceptions import LeaseLost
-from .gateway import pairs
+from .gateway import Gateway, pairs
 from .keys import Keys
 from .models import Gate, GateStatus
 from .tools import Tool
@@ -105,6 +106,10 @@ def _error_kind(exc: openai.APIError) -> str:
     return "retryable" if retries.retryable(exc) else "final"
 
 
+# What _execute returns for a call that started a child run: its result comes later.
+SPAWNED = "\x00spawned"
+
+
 def _lost(reply: Any) -> bool:
     return reply == "lost" or (isinstance(reply, list) and reply[:1] == ["lost"])
 
@@ -130,6 +135,7 @@ class Runner:
         max_calls_per_turn: int = 64,
         model_retries: int = 10,
         retry_budget: float = 120.0,
+        max_depth: int = children.DEFAULT_MAX_DEPTH,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -142,6 +148,7 @@ class Runner:
         self.max_calls_per_turn = max_calls_per_turn
         self.model_retries = model_retries
         self.retry_budget = retry_budget
+        self.max_depth = max_depth
         self._read_for_model = redis.register_script(scripts.READ_FOR_MODEL)
         self._begin = redis.register_script(scripts.BEGIN_RUN)
         self._record = redis.register_script(scripts.RECORD_TURN)
@@ -151,6 +158,8 @@ class Runner:
         self._open = redis.register_script(scripts.OPEN_GATES)
         self._finish = redis.register_script(scripts.FINISH_TURN)
         self._fail = redis.register_script(scripts.FAIL_RUN)
+        self._spawn_script = redis.register_script(children.SPAWN_CHILD)
+        self._wait_children = redis.register_script(children.WAIT_CHILDREN)
         # The runners of the other agents this worker serves, by agent name: a job names a
         # run, and the run names its agent.
         self.peers: dict[str, Runner] = {}
@@ -194,6 +203,8 @@ class Runner:
         if began[0] != "running":
             return
         run = pairs(began[1])
+        if run.get("parent") and await self._orphaned(run, fence):
+            return
         name = run.get("agent") or self.agent.name  # none named: this worker's first agent
         runner = self if name == self.agent.name else self.peers.get(name)
         if runner is None:
@@ -221,15 +232,39 @@ class Runner:
             else:
                 return
 
+    async def _orphaned(self, run: dict[str, str], fence: str) -> bool:
+        """A child run whose parent finished (cancelled, failed) while the cascade did not
+        reach it (a crash in between) is cancelled here, before it does anything more."""
+        status, by = await self.redis.hmget(
+            self.keys.run(run["parent"]), ["status", "cancelled_by"]
+        )
+        if status not in (None, "completed", "failed", "cancelled"):
+            return False
+        await self.redis.hset(self.keys.run(run["run_id"]), "lease_until", "0")
+        with contextlib.suppress(Exception):
+            await self._gateway().cancel_run(
+                run["run_id"], by or "", f"its parent run {run['parent']} is {status or 'gone'}"
+            )
+        return True
+
+    def _gateway(self) -> Gateway:
+        return Gateway(self.redis, self.keys, events_maxlen=self.maxlen)
+
     async def fail(self, run_id: str, error: str, fence: str, *, retryable: bool = False) -> bool:
         """Fail a run that has not finished, closing its pending gates; True if it moved.
 
         Only the holder of the run's lease can; :class:`LeaseLost` otherwise. A ``retryable``
-        failure can be continued with :meth:`Gateway.retry_run`.
+        failure can be continued with :meth:`Gateway.retry_run`. A child run's failure is its
+        parent call's result; a parent's cancels its unfinished children.
         """
         k = self.keys
         error = redact_secrets(clean_text(error))
-        origin = await self.redis.hget(k.run(run_id), "origin") or "{}"
+        origin, parent, parent_turn, agent, waiting = await self.redis.hmget(
+            k.run(run_id), ["origin", "parent", "parent_turn", "agent", "children_pending"]
+        )
+        origin = origin or "{}"
+        run = {"parent": parent or "", "parent_turn": parent_turn or "0"}
+        told = messages.sub_agent_failed(agent or "", error) if parent else ""
         data = json.dumps(
             {
                 "run_id": run_id,
@@ -249,15 +284,27 @@ class Runner:
                     k.deadlines(k.shard_of(run_id)),
                     k.run_gates(run_id),
                     k.active(k.shard_of(run_id)),
+                    *children.parent_keys(k, run_id, run),
                     *(k.gate(g) for g in gate_ids),
                 ],
-                args=[fence, error, data, _now(), run_id, "1" if retryable else "0", *gate_ids],
+                args=[
+                    fence,
+                    error,
+                    data,
+                    _now(),
+                    run_id,
+                    "1" if retryable else "0",
+                    told,
+                    *gate_ids,
+                ],
             )
             if res == "lost":
                 raise LeaseLost(run_id)
             if res != "retry":
                 if res == "failed":
                     await metrics.count_cancelled(self.redis, k, were_pending)
+                    if int(waiting or 0) > 0:
+                        await self._gateway().cancel_children(run_id, "", f"run {run_id} failed")
                 return bool(res == "failed")
         return False
 
@@ -338,6 +385,7 @@ class Runner:
                 k.finished(k.shard_of(run_id)),
                 k.active(k.shard_of(run_id)),
                 k.run_inbox(run_id),
+                *(children.parent_keys(k, run_id, run) if run.get("parent") else ()),
             ],
             args=[
                 fence,
@@ -507,6 +555,7 @@ class Runner:
         order: list[str] = json.loads(th.get("order") or "[]")
         results: dict[str, str] = {}
         to_gate: list[tuple[int, dict[str, Any]]] = []
+        waiting = False  # for a child run (a sub-agent) to answer
         for index, cid in enumerate(order):
             call = json.loads(th[f"call:{cid}"])
             state = th.get(f"state:{cid}")
@@ -514,6 +563,9 @@ class Runner:
             out: str | None
             if state == "done":
                 out = th.get(f"result:{cid}", "")
+            elif state == "child":
+                waiting = True
+                continue
             elif state == "needs_gate":
                 to_gate.append((index, call))
                 continue
@@ -536,12 +588,22 @@ class Runner:
                 out = None
             if out is None:
                 return None  # the run stopped (cancelled): nothing more starts
+            if out is SPAWNED:
+                waiting = True
+                continue
             results[cid] = out
         if to_gate:
             await self._open_gates(
                 run, turn, [c for _, c in to_gate], fence, [i for i, _ in to_gate]
             )
             return None
+        if waiting:
+            res = await self._wait_children(keys=[k.run(run_id)], args=[fence, turn, _now()])
+            if res == "lost":
+                raise LeaseLost(run_id)
+            if res == "go":  # every child answered meanwhile: their results are in
+                return await self._tools_turn(run, turn, fence)
+            return None  # the last child to finish enqueues the resume job
         after = await self._finish(
             keys=[k.run(run_id), k.history(run_id)],
             args=[
@@ -616,6 +678,8 @@ class Runner:
         approved, and why) adds the approver's reason to what the model is told; the event
         (and so the card) carries the tool's output alone.
         """
+        if isinstance(t, AgentTool):
+            return await self._spawn(run, turn, call, t, fence)
         run_id, cid = run["run_id"], call["id"]
         tkey = self.keys.turn(run_id, turn)
         claim = await self._claim(
@@ -676,6 +740,72 @@ class Runner:
             return str(await self.redis.hget(tkey, f"result:{cid}") or "")
         return told
 
+    async def _spawn(
+        self, run: dict[str, str], turn: int, call: dict[str, Any], t: AgentTool, fence: str
+    ) -> str | None:
+        """Start the sub-agent's child run for this call (once); SPAWNED, or the call's
+        result when it cannot start, or None when the run stopped."""
+        run_id, k = run["run_id"], self.keys
+        child = t.agent
+        assert child is not None
+        depth = int(run.get("depth") or 0) + 1
+        if depth > self.max_depth:
+            return await self._settle(
+                run, turn, call, messages.too_deep(t.name, self.max_depth), fence
+            )
+        shard = k.shard_of(run_id)
+        child_id = k.new_run_id(shard)
+        task = str(call["args"].get("task", ""))
+        now = _now()
+        fields = {
+            "run_id": child_id,
+            "agent": child.name,
+            "task": task,
+            # The person whose message led to this call: the self-approval rule applies to
+            # them at every depth.
+            "requested_by": run.get("last_by") or run.get("requested_by", ""),
+            "origin": json.dumps(child_origin(run, self.agent.name, child.name)),
+            "status": "queued",
+            "phase": "model",
+            "turn": "0",
+            "pending": "0",
+            "created_at": now,
+            "updated_at": now,
+            "parent": run_id,
+            "parent_call": call["id"],
+            "parent_turn": str(turn),
+            "depth": str(depth),
+        }
+        res = await self._spawn_script(
+            keys=[
+                k.run(run_id),
+                k.turn(run_id, turn),
+                k.run(child_id),
+                k.history(child_id),
+                k.authors(child_id),
+                k.active(shard),
+                k.jobs(shard),
+                k.children(run_id),
+            ],
+            args=[
+                fence,
+                turn,
+                call["id"],
+                child_id,
+                json.dumps({"role": "user", "content": task}),
+                now,
+                *(x for kv in fields.items() for x in kv),
+            ],
+        )
+        if res == "lost":
+            raise LeaseLost(run_id)
+        if res == "stopped":
+            return None
+        if res == "stale":  # settled meanwhile (a replay): its result is recorded
+            return str(await self.redis.hget(k.turn(run_id, turn), f"result:{call['id']}") or "")
+        log.info("run %s: sub-agent %s started as run %s", run_id, child.name, child_id)
+        return SPAWNED
+
     async def _open_gates(
         self,
         run: dict[str, str],
@@ -692,6 +822,10 @@ class Runner:
         # The person whose message led to these calls: the latest user message's author.
         requested_by = run.get("last_by") or run.get("requested_by", "")
         timeout = self.approval_timeout
+        nested = bool(run.get("parent"))
+        path = origin.get("path") if nested else None
+        if not isinstance(path, list):
+            path = [self.agent.name]
         args: list[Any] = [fence, turn]
         gate_keys: list[str] = []
         for index, call in zip(indexes or range(len(calls)), calls, strict=True):
@@ -714,7 +848,8 @@ class Runner:
                 "requested_by": requested_by,
                 "origin": run.get("origin") or "{}",
                 "timeout": str(timeout),
-                "nested": "0",
+                "nested": "1" if nested else "0",
+                "path": json.dumps(path),
             }
             event = {
                 "gate_id": gid,
@@ -731,7 +866,8 @@ class Runner:
                 "requested_by": requested_by,
                 "origin": origin,
                 "timeout": timeout,
-                "nested": False,
+                "nested": nested,
+                "path": path,
             }
             # The script appends created_at and deadline and closes the object.
             args += [gid, str(timeout), json.dumps(fields), json.dumps(event)[:-1]]

@@ -47,6 +47,39 @@ local function close_gate(gate_key, gid, deadlines, events, run_id, by, reason, 
     .. extra .. ',"decided_at":' .. nowstr .. ',"origin":' .. origin .. '}'
   redis.call('XADD', events, '*', 'type', 'gate.decided', 'run_id', run_id, 'data', data)
 end
+-- Hand a finished child run's outcome (a sub-agent's answer or failure) to the parent's
+-- call, announce it, and wake the parent once nothing else of its turn is pending. A no-op
+-- unless that call still waits for this child, so a second report changes nothing.
+local function cut(s, n)  -- at most n bytes, never inside a UTF-8 character
+  if #s <= n then return s end
+  local i = n
+  while i > 0 do
+    local b = string.byte(s, i + 1)
+    if b < 128 or b >= 192 then break end
+    i = i - 1
+  end
+  return string.sub(s, 1, i)
+end
+local function report_child(child_key, parent_key, pturn_key, pjobs, pevents, text, ok)
+  local c = redis.call('HMGET', child_key, 'parent', 'parent_call', 'run_id')
+  local pid, cid = c[1], c[2]
+  if not pid or not cid or redis.call('HGET', pturn_key, 'state:' .. cid) ~= 'child' then
+    return
+  end
+  redis.call('HSET', pturn_key, 'state:' .. cid, 'done', 'result:' .. cid, text)
+  local call = cjson.decode(redis.call('HGET', pturn_key, 'call:' .. cid))
+  local gid = redis.call('HGET', pturn_key, 'gate:' .. cid)
+  local data = cjson.encode({run_id = pid, call_id = cid, tool = call['name'], ok = ok,
+    in_doubt = false, after_cancel = false, output = cut(text, 3000), child_run = c[3]})
+  data = string.sub(data, 1, -2) .. ',"gate_id":' .. (gid and cjson.encode(gid) or 'null')
+    .. ',"origin":' .. (redis.call('HGET', parent_key, 'origin') or '{}') .. '}'
+  redis.call('XADD', pevents, '*', 'type', 'tool.executed', 'run_id', pid, 'data', data)
+  local left = redis.call('HINCRBY', parent_key, 'children_pending', -1)
+  if left <= 0 and redis.call('HGET', parent_key, 'status') == 'awaiting_approval'
+    and tonumber(redis.call('HGET', parent_key, 'pending') or '0') <= 0 then
+    redis.call('XADD', pjobs, '*', 'type', 'resume', 'run_id', pid)
+  end
+end
 -- HSET/RPUSH in slices: unpack() of thousands of values overflows Lua's C stack.
 local function hset_from(key, argv, first)
   local i = first
@@ -256,7 +289,8 @@ redis.call('XADD', KEYS[5], '*', 'type', 'gate.decided', 'run_id', ARGV[6], 'dat
 local pending = redis.call('HINCRBY', KEYS[2], 'pending', -1)
 local rs = redis.call('HGET', KEYS[2], 'status')
 -- An extra resume job is harmless (it finds nothing to do); a missing one hangs the run.
-if pending <= 0 and (rs == 'awaiting_approval' or rs == 'running') then
+if pending <= 0 and (rs == 'awaiting_approval' or rs == 'running')
+  and tonumber(redis.call('HGET', KEYS[2], 'children_pending') or '0') <= 0 then
   redis.call('XADD', KEYS[4], '*', 'type', 'resume', 'run_id', ARGV[6], 'turn', g[2])
 end
 return {'applied', redis.call('HGETALL', KEYS[1])}
@@ -283,7 +317,8 @@ if st == 'queued' then
   redis.call('XADD', KEYS[2], '*', 'type', 'run.started', 'run_id', r[1], 'data', data)
   st = 'running'
 elseif st == 'awaiting_approval' then
-  if tonumber(redis.call('HGET', KEYS[1], 'pending') or '0') > 0 then
+  if tonumber(redis.call('HGET', KEYS[1], 'pending') or '0') > 0
+    or tonumber(redis.call('HGET', KEYS[1], 'children_pending') or '0') > 0 then
     return {st}
   end
   redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[3])
@@ -297,7 +332,8 @@ return {st, redis.call('HGETALL', KEYS[1])}
 # KEYS[1] run hash, KEYS[2] history list, KEYS[3] the new turn's hash, KEYS[4] events stream,
 # KEYS[5] finished-runs zset, KEYS[6] active-runs zset, KEYS[7] the run's inbox (optional:
 # a final answer with messages queued in it does not finish the run, whose next model turn
-# takes them)
+# takes them), KEYS[8..10] a child run's parent hash, parent turn hash and jobs stream
+# (optional: the final answer becomes the parent call's result, see report_child)
 # ARGV[1] fence, ARGV[2] the run's current turn (guard), ARGV[3] assistant message JSON,
 # ARGV[4] 'tools' (calls follow) or 'done' (final answer), ARGV[5] final text,
 # ARGV[6] run.completed event data JSON, ARGV[7] now,
@@ -328,6 +364,7 @@ elseif ARGV[4] == 'done' then
   redis.call('XADD', KEYS[4], '*', 'type', 'run.completed', 'run_id', run_id, 'data', ARGV[6])
   redis.call('ZADD', KEYS[5], ARGV[7], run_id)
   redis.call('ZREM', KEYS[6], run_id)
+  if KEYS[10] then report_child(KEYS[1], KEYS[8], KEYS[9], KEYS[10], KEYS[4], ARGV[5], true) end
 else
   redis.call('HSET', KEYS[1], 'phase', 'tools')
 end
@@ -482,10 +519,13 @@ return redis.call('HGETALL', KEYS[1])
 # Only the lease holder may fail a run. A retryable failure (the model call kept failing)
 # keeps the phase it failed in, so that Gateway.retry_run continues from there.
 # KEYS[1] run hash, KEYS[2] events stream, KEYS[3] finished-runs zset, KEYS[4] deadlines
-# zset, KEYS[5] run gates set, KEYS[6] active-runs zset, KEYS[7..] every gate hash of the
-# run (the members of KEYS[5], in ARGV order)
+# zset, KEYS[5] run gates set, KEYS[6] active-runs zset, KEYS[7] parent run hash, KEYS[8]
+# parent turn hash, KEYS[9] jobs stream (a child run's failure is its parent call's result;
+# any run: KEYS[1] twice and the shard's jobs stream), KEYS[10..] every gate hash of the run
+# (the members of KEYS[5], in ARGV order)
 # ARGV[1] fence, ARGV[2] error text, ARGV[3] run.failed event data JSON, ARGV[4] now,
-# ARGV[5] run id, ARGV[6] '1' when the failure is retryable, ARGV[7..] gate ids
+# ARGV[5] run id, ARGV[6] '1' when the failure is retryable, ARGV[7] what the parent's
+# model is told ('' for a run without parent), ARGV[8..] gate ids
 # Returns 'failed' | 'finished' (already finished) | 'lost' | 'retry' (a gate was opened
 # since the caller listed them: list again) | 'missing' as status replies.
 FAIL_RUN = (
@@ -495,12 +535,12 @@ local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {ok = 'missing'} end
 if finished(st) then return {ok = 'finished'} end
 if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
-if redis.call('SCARD', KEYS[5]) ~= #KEYS - 6 then return {ok = 'retry'} end
+if redis.call('SCARD', KEYS[5]) ~= #KEYS - 9 then return {ok = 'retry'} end
 local nowstr = string.format('%.6f', now())
 local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
 local reason = 'the run failed: ' .. ARGV[2]
-for i = 7, #KEYS do
-  local gid = ARGV[i]
+for i = 10, #KEYS do
+  local gid = ARGV[i - 2]
   if redis.call('HGET', KEYS[i], 'status') == 'pending' then
     close_gate(KEYS[i], gid, KEYS[4], KEYS[2], ARGV[5], '', reason, nowstr, origin,
       ',"run_failed":true', {'closed_by_failure', '1'})
@@ -508,10 +548,11 @@ for i = 7, #KEYS do
 end
 redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[2], 'phase', 'done',
   'failed_phase', redis.call('HGET', KEYS[1], 'phase') or 'model', 'retryable', ARGV[6],
-  'pending', 0, 'updated_at', ARGV[4])
+  'pending', 0, 'children_pending', 0, 'updated_at', ARGV[4])
 redis.call('XADD', KEYS[2], '*', 'type', 'run.failed', 'run_id', ARGV[5], 'data', ARGV[3])
 redis.call('ZADD', KEYS[3], ARGV[4], ARGV[5])
 redis.call('ZREM', KEYS[6], ARGV[5])
+if ARGV[7] ~= '' then report_child(KEYS[1], KEYS[7], KEYS[8], KEYS[9], KEYS[2], ARGV[7], false) end
 return {ok = 'failed'}
 """
 )
@@ -572,7 +613,7 @@ else
     redis.call('HSET', KEYS[1], 'last_by', ARGV[3])
   end
   redis.call('HSET', KEYS[1], 'status', 'queued', 'phase', phase, 'final', '', 'error', '',
-    'retryable', '0', 'pending', 0, 'turns_from', redis.call('HGET', KEYS[1], 'turn') or '0',
+    'retryable', '0', 'pending', 0, 'children_pending', 0, 'turns_from', redis.call('HGET', KEYS[1], 'turn') or '0',
     'updated_at', ARGV[4])
   redis.call('ZREM', KEYS[7], ARGV[1])
   redis.call('ZADD', KEYS[6], ARGV[4], ARGV[1])
@@ -589,9 +630,10 @@ return {ok = queued and 'queued' or 'started'}
 # check the status); calls of the current turn are sorted into never-ran and running.
 # KEYS[1] run hash, KEYS[2] deadlines zset, KEYS[3] events stream, KEYS[4] run gates set,
 # KEYS[5] finished-runs zset, KEYS[6] active-runs zset, KEYS[7] the current turn's hash,
-# KEYS[8..] every gate hash of the run (the members of KEYS[4], in ARGV order)
+# KEYS[8] parent run hash, KEYS[9] parent turn hash, KEYS[10] jobs stream (as in FAIL_RUN),
+# KEYS[11..] every gate hash of the run (the members of KEYS[4], in ARGV order)
 # ARGV[1] by, ARGV[2] reason, ARGV[3] run id, ARGV[4] the current turn (guard),
-# ARGV[5..] gate ids
+# ARGV[5] what the parent's model is told ('' for a run without parent), ARGV[6..] gate ids
 # Returns {'cancelled'} | {'finished', status} | {'missing'} | {'retry'} (a gate was
 # opened or a turn recorded since the caller looked: look again).
 CANCEL_RUN = (
@@ -600,7 +642,7 @@ CANCEL_RUN = (
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {'missing'} end
 if st == 'completed' or st == 'failed' or st == 'cancelled' then return {'finished', st} end
-if redis.call('SCARD', KEYS[4]) ~= #KEYS - 7
+if redis.call('SCARD', KEYS[4]) ~= #KEYS - 10
   or (redis.call('HGET', KEYS[1], 'turn') or '0') ~= ARGV[4] then
   return {'retry'}
 end
@@ -608,8 +650,8 @@ local t = redis.call('TIME')
 local nowstr = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
 local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
 local never, running = {}, {}
-for i = 8, #KEYS do
-  local gid = ARGV[i - 3]
+for i = 11, #KEYS do
+  local gid = ARGV[i - 5]
   local gs = redis.call('HGET', KEYS[i], 'status')
   if gs == 'pending' then
     close_gate(KEYS[i], gid, KEYS[2], KEYS[3], ARGV[3], ARGV[1], ARGV[2], nowstr, origin, '', {})
@@ -626,7 +668,7 @@ for i = 8, #KEYS do
   end
 end
 redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_by', ARGV[1], 'pending', 0,
-  'phase', 'done', 'updated_at', nowstr)
+  'children_pending', 0, 'phase', 'done', 'updated_at', nowstr)
 local function ids(list)
   if #list == 0 then return '[]' end
   return cjson.encode(list)
@@ -637,6 +679,7 @@ local data = '{"run_id":' .. cjson.encode(ARGV[3]) .. ',"by":' .. cjson.encode(A
 redis.call('XADD', KEYS[3], '*', 'type', 'run.cancelled', 'run_id', ARGV[3], 'data', data)
 redis.call('ZADD', KEYS[5], nowstr, ARGV[3])
 redis.call('ZREM', KEYS[6], ARGV[3])
+if ARGV[5] ~= '' then report_child(KEYS[1], KEYS[8], KEYS[9], KEYS[10], KEYS[3], ARGV[5], false) end
 return {'cancelled'}
 """
 )
@@ -673,6 +716,10 @@ for i = 5, #KEYS do
   if redis.call('HGET', KEYS[i], 'status') == 'pending' then pending = pending + 1 end
 end
 local nowstr = string.format('%.6f', n)
+if pending == 0 and st == 'awaiting_approval'
+  and tonumber(redis.call('HGET', KEYS[1], 'children_pending') or '0') > 0 then
+  return {ok = 'waiting'}  -- its sub-agents' runs report to it when they finish
+end
 if pending > 0 then
   -- Its gates have deadlines: the sweeper (or a decision) moves it on.
   if st ~= 'awaiting_approval'

@@ -291,7 +291,7 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
         blocks.append(_section(("*Arguments*\n" if i == 0 else "") + code_block(chunk)))
     notes = [f"Arguments hash `{args_hash_short(gate)}`"]
     if gate.nested:
-        notes.append("nested call")
+        notes.insert(0, f"🧩 Asked by a sub-agent: {escape(call_path(gate))}")
     if shown < len(raw):
         notes.insert(
             0,
@@ -317,6 +317,12 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
         f"requested by {user(gate.requested_by)})"
     )
     return Card(text=text, blocks=blocks)
+
+
+def call_path(gate: Gate) -> str:
+    """``ops → billing → refund(order=7)``: the agents from the top run down to the call."""
+    args = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in gate.args.items())
+    return " → ".join([*gate.path, f"{gate.tool}({clip(args, 80)})"])
 
 
 def args_modal(gate: Gate) -> dict[str, Any]:

@@ -128,6 +128,10 @@ class Notifier:
         if not isinstance(origin, dict) or not origin.get("channel"):
             return  # not started from Slack
         t = event.type
+        if origin.get("parent_run") and t.value.startswith("run."):
+            # A sub-agent's run: it has no root message, and its outcome reaches the thread
+            # as its parent's tool result. Its gates and calls are shown like the parent's.
+            return
         if t is EventType.GATE_OPENED:
             gate_id = str(data["gate_id"])
             await self.publisher.show_gate(gate_id)

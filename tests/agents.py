@@ -146,3 +146,39 @@ strict = Agent(
     instructions="You are a test agent.",
     tools=[deploy, garbled, lookup, delete_user, transfer, slow_report],
 )
+
+
+# --- sub-agents: desk → billing → ledger ------------------------------------------------
+@tool(requires_approval=True)
+def refund(order: int) -> str:
+    """Refund an order."""
+    journal(f"refund:{order}")
+    return f"order {order} refunded"
+
+
+@tool(requires_approval=True)
+def write_off(amount: int) -> str:
+    """Write an amount off the books."""
+    journal(f"write_off:{amount}")
+    return f"{amount} written off"
+
+
+ledger = Agent(
+    name="ledger",
+    instructions="You keep the ledger.",
+    description="Books entries",
+    tools=[write_off, lookup],
+)
+billing = Agent(
+    name="billing",
+    instructions="You handle billing.",
+    description="Refunds and invoices",
+    tools=[refund, transfer, lookup, ledger],
+    approval_timeout=float(os.environ.get("TEST_BILLING_TIMEOUT", "30")),
+)
+desk = Agent(
+    name="desk",
+    instructions="You are the front desk.",
+    description="Front desk",
+    tools=[lookup, delete_user, billing.as_tool(description="Ask billing to do something")],
+)
