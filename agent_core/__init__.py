@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING, Any
 
 from .agent import Agent, AgentTool
+from .approvers import ApprovalRequest, Approver, Verdict, approve, approver, ask, deny
 from .connections import create_redis
 from .events import EventConsumer
 from .exceptions import (
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 __all__ = [
     "Agent",
     "AgentTool",
+    "ApprovalRequest",
+    "Approver",
     "ArgsHashMismatch",
     "ConfigError",
     "ContinueOutcome",
@@ -67,8 +70,13 @@ __all__ = [
     "ToolDefinitionError",
     "ToolError",
     "Toolset",
+    "Verdict",
     "Worker",
+    "approve",
+    "approver",
+    "ask",
     "create_redis",
+    "deny",
     "run_worker",
     "tool",
 ]

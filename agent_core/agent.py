@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .approvers import Approver, RuleFn, as_approver
 from .exceptions import ConfigError
 from .tools import Tool
 from .toolsets import Toolset
@@ -65,6 +66,8 @@ class Agent:
     """Offered when someone opens the agent's assistant thread in Slack (at most four)."""
     toolsets: Sequence[Toolset] = ()
     """Sources of more tools, opened by the worker (MCP servers)."""
+    approvers: Sequence[Approver | RuleFn] = ()
+    """Rules consulted, in order, before a person is asked (see :mod:`agent_core.approvers`)."""
     _by_name: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _own: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _version: tuple[int, ...] = field(init=False, repr=False, default=())
@@ -115,6 +118,11 @@ class Agent:
                 raise ValueError(
                     f"agent {self.name!r}: a suggested prompt is a text or (title, message)"
                 )
+        rules = [as_approver(r) for r in self.approvers]
+        rule_names = [r.name for r in rules]
+        if len(set(rule_names)) != len(rule_names):
+            raise ValueError(f"agent {self.name!r}: two approvers share a name")
+        self.approvers = rules
         names_seen = [ts.name for ts in self.toolsets]
         if len(set(names_seen)) != len(names_seen):
             raise ValueError(f"agent {self.name!r}: two toolsets share a name")

@@ -11,12 +11,22 @@ def _duration(seconds: float) -> str:
     return f"{s} s"
 
 
+def _who(by: str) -> str:
+    """``the user U123``, or ``the approval rule x`` for a decision by ``rule:x``."""
+    if by.startswith("rule:"):
+        return f"the approval rule {by[5:]}"
+    return f"the user {by}"
+
+
 def denied(tool: str, by: str, reason: str | None) -> str:
+    rule = by.startswith("rule:")
     why = (
-        f" Their reason: {reason.strip()}" if reason and reason.strip() else " They gave no reason."
+        f" {'Its' if rule else 'Their'} reason: {reason.strip()}"
+        if reason and reason.strip()
+        else " No reason was given."
     )
     return (
-        f"Not executed: the user {by} declined this call to {tool}.{why} "
+        f"Not executed: {_who(by)} declined this call to {tool}.{why} "
         "Do not retry this call (or an equivalent one) unless the user asks you to."
     )
 
@@ -25,7 +35,8 @@ def with_approval(output: str, by: str, reason: str | None) -> str:
     """An approved call's output, followed by the approver's reason when they gave one."""
     if not reason or not reason.strip():
         return output
-    return f"{output}\n\nApproved by {by or 'someone'}: {reason.strip()}"
+    who = f"rule {by[5:]}" if by.startswith("rule:") else (by or "someone")
+    return f"{output}\n\nApproved by {who}: {reason.strip()}"
 
 
 def expired(tool: str, timeout: float) -> str:

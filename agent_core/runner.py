@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import secrets
@@ -25,7 +24,7 @@ import openai
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from . import children, messages, metrics, retries, scripts
+from . import children, gating, messages, metrics, retries, scripts
 from .agent import Agent, AgentTool
 from .children import child_origin
 from .completions import (
@@ -39,6 +38,7 @@ from .completions import (
 )
 from .exceptions import LeaseLost
 from .gateway import Gateway, pairs
+from .gating import args_hash
 from .keys import Keys
 from .models import Gate, GateStatus
 from .tools import Tool
@@ -48,12 +48,6 @@ log = logging.getLogger(__name__)
 MAX_OUTPUT_CHARS = 100_000
 EVENT_OUTPUT_CHARS = 2_000
 _ID_ALPHABET = string.ascii_letters + string.digits
-
-
-def args_hash(args: dict[str, Any]) -> str:
-    """SHA-256 of the canonical JSON of the arguments (what the approver saw)."""
-    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def new_call_id(taken: set[str]) -> str:
@@ -593,9 +587,11 @@ class Runner:
                 continue
             results[cid] = out
         if to_gate:
-            await self._open_gates(
+            opened = await self._open_gates(
                 run, turn, [c for _, c in to_gate], fence, [i for i, _ in to_gate]
             )
+            if opened == "decided":  # approver rules decided every one: no pause
+                return await self._tools_turn(run, turn, fence)
             return None
         if waiting:
             res = await self._wait_children(keys=[k.run(run_id)], args=[fence, turn, _now()])
@@ -813,81 +809,19 @@ class Runner:
         calls: list[dict[str, Any]],
         fence: str,
         indexes: list[int] | None = None,
-    ) -> None:
-        """Open one gate per call. ``indexes``: each call's position among the turn's calls
-        (default: its position in ``calls``), by which gates are listed in call order."""
-        run_id = run["run_id"]
-        k = self.keys
-        origin = json.loads(run.get("origin") or "{}")
-        # The person whose message led to these calls: the latest user message's author.
-        requested_by = run.get("last_by") or run.get("requested_by", "")
-        timeout = self.approval_timeout
-        nested = bool(run.get("parent"))
-        path = origin.get("path") if nested else None
-        if not isinstance(path, list):
-            path = [self.agent.name]
-        args: list[Any] = [fence, turn]
-        gate_keys: list[str] = []
-        for index, call in zip(indexes or range(len(calls)), calls, strict=True):
-            t = self.agent.get_tool(call["name"])
-            assert t is not None
-            gid = call["gate_id"]
-            digest = args_hash(call["args"])
-            fields = {  # created_at and deadline are added by the script (Redis clock)
-                "gate_id": gid,
-                "run_id": run_id,
-                "call_id": call["id"],
-                "turn": str(turn),
-                "index": str(index),
-                "tool": t.name,
-                "description": t.description,
-                "args": json.dumps(call["args"], ensure_ascii=False),
-                "args_hash": digest,
-                "status": "pending",
-                "agent": self.agent.name,
-                "requested_by": requested_by,
-                "origin": run.get("origin") or "{}",
-                "timeout": str(timeout),
-                "nested": "1" if nested else "0",
-                "path": json.dumps(path),
-            }
-            event = {
-                "gate_id": gid,
-                "run_id": run_id,
-                "call_id": call["id"],
-                "turn": turn,
-                "index": index,
-                "turn_gates": len(calls),
-                "tool": t.name,
-                "description": t.description,
-                "args": call["args"],
-                "args_hash": digest,
-                "agent": self.agent.name,
-                "requested_by": requested_by,
-                "origin": origin,
-                "timeout": timeout,
-                "nested": nested,
-                "path": path,
-            }
-            # The script appends created_at and deadline and closes the object.
-            args += [gid, str(timeout), json.dumps(fields), json.dumps(event)[:-1]]
-            gate_keys.append(k.gate(gid))
-        res = await self._open(
-            keys=[
-                k.run(run_id),
-                k.turn(run_id, turn),
-                k.deadlines(k.shard_of(run_id)),
-                k.events(k.shard_of(run_id)),
-                k.run_gates(run_id),
-                *gate_keys,
-            ],
-            args=args,
+    ) -> str:
+        """Open one gate per call (see :func:`agent_core.gating.open_gates`)."""
+        res = await gating.open_gates(
+            self._open,
+            self.keys,
+            self.agent,
+            run,
+            turn,
+            calls,
+            fence,
+            indexes,
+            timeout=self.approval_timeout,
         )
         if res == "lost":
-            raise LeaseLost(run_id)
-        if res == "ok":
-            metrics.GATES_OPENED.inc(len(calls))
-        if res == "stale":
-            log.warning(
-                "run %s: turn %s changed under this worker; gates not reopened", run_id, turn
-            )
+            raise LeaseLost(run["run_id"])
+        return res

@@ -440,18 +440,22 @@ return {ok = 'ok'}
 # Open the gates of a turn and pause the run. Deadlines are taken on the Redis clock, the
 # same clock DECIDE_GATE compares them with. All or nothing: a gate that already exists or a
 # call that no longer needs one means the caller's view is stale, and nothing is written.
+# A gate an approver rule decided (agent_core.approvers) is opened decided, with both its
+# events; when every gate of the turn is decided so, the run does not pause.
 # KEYS[1] run hash, KEYS[2] turn hash, KEYS[3] deadlines zset, KEYS[4] events stream,
 # KEYS[5] run gates set, KEYS[6..] one gate hash per gate, in ARGV order
 # ARGV[1] fence, ARGV[2] turn (guard),
-# then per gate 4 values: gate id, timeout in seconds, gate fields (flat JSON object of
-# strings, among them `index`: the call's position in the turn, by which gates are listed),
-# gate.opened event data JSON without its closing brace (created_at and deadline are
-# appended here)
-# Returns 'ok' | 'lost' | 'stopped' (not running at that turn) | 'stale' as status replies.
+# then per gate 5 values: gate id, timeout in seconds, gate fields (flat JSON object of
+# strings, among them `index`: the call's position in the turn, by which gates are listed,
+# and `status`), gate.opened event data JSON without its closing brace (created_at and
+# deadline are appended here), gate.decided event data JSON without its closing brace
+# (decided_at is appended) or '' for a gate left to a person
+# Returns 'ok' (paused) | 'decided' (no gate left to a person: go on) | 'lost' | 'stopped'
+# (not running at that turn) | 'stale' as status replies.
 OPEN_GATES = (
     _HELPERS
     + """
-local n = (#ARGV - 2) / 4
+local n = (#ARGV - 2) / 5
 if n < 1 or n ~= math.floor(n) or #KEYS ~= 5 + n then
   return redis.error_reply('OPEN_GATES: bad arguments')
 end
@@ -462,7 +466,7 @@ if redis.call('HGET', KEYS[1], 'status') ~= 'running'
 end
 local all = {}
 for i = 1, n do
-  local base = 2 + (i - 1) * 4
+  local base = 2 + (i - 1) * 5
   local fields = cjson.decode(ARGV[base + 3])
   if redis.call('EXISTS', KEYS[5 + i]) == 1
     or redis.call('HGET', KEYS[2], 'state:' .. fields['call_id']) ~= 'needs_gate' then
@@ -473,24 +477,41 @@ end
 local tnow = now()
 local nowstr = string.format('%.6f', tnow)
 local run_id = redis.call('HGET', KEYS[1], 'run_id')
+local pending = 0
 for i = 1, n do
-  local base = 2 + (i - 1) * 4
+  local base = 2 + (i - 1) * 5
   local gid = ARGV[base + 1]
+  local decided = ARGV[base + 5] ~= ''
   local deadline = string.format('%.6f', tnow + tonumber(ARGV[base + 2]))
   local fields = all[i]
   local flat = {'created_at', nowstr, 'deadline', deadline}
+  if decided then
+    flat[#flat + 1] = 'decided_at'
+    flat[#flat + 1] = nowstr
+  end
   for k, v in pairs(fields) do
     flat[#flat + 1] = k
     flat[#flat + 1] = v
   end
   redis.call('HSET', KEYS[5 + i], unpack(flat))
-  redis.call('ZADD', KEYS[3], deadline, gid)
+  if not decided then
+    redis.call('ZADD', KEYS[3], deadline, gid)
+    pending = pending + 1
+  end
   redis.call('SADD', KEYS[5], gid)
   redis.call('HSET', KEYS[2], 'state:' .. fields['call_id'], 'gated', 'gate:' .. fields['call_id'], gid)
   redis.call('XADD', KEYS[4], '*', 'type', 'gate.opened', 'run_id', run_id, 'data',
     ARGV[base + 4] .. ',"created_at":' .. nowstr .. ',"deadline":' .. deadline .. '}')
+  if decided then
+    redis.call('XADD', KEYS[4], '*', 'type', 'gate.decided', 'run_id', run_id, 'data',
+      ARGV[base + 5] .. ',"decided_at":' .. nowstr .. '}')
+  end
 end
-redis.call('HSET', KEYS[1], 'status', 'awaiting_approval', 'pending', n, 'updated_at', nowstr)
+if pending == 0 then
+  redis.call('HSET', KEYS[1], 'updated_at', nowstr)
+  return {ok = 'decided'}
+end
+redis.call('HSET', KEYS[1], 'status', 'awaiting_approval', 'pending', pending, 'updated_at', nowstr)
 return {ok = 'ok'}
 """
 )

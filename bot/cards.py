@@ -110,6 +110,8 @@ def fmt_duration(seconds: float) -> str:
 def user(user_id: str | None) -> str:
     if not user_id or user_id == "system":
         return "the system"
+    if user_id.startswith("rule:"):  # an approver rule decided (agent_core.approvers)
+        return f"the rule `{escape(user_id[5:])}`"
     return f"<@{escape(user_id)}>"
 
 

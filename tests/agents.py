@@ -10,7 +10,7 @@ import asyncio
 import os
 import time
 
-from agent_core import Agent, tool
+from agent_core import Agent, ApprovalRequest, Verdict, approve, approver, ask, deny, tool
 
 
 def journal(line: str) -> None:
@@ -181,4 +181,43 @@ desk = Agent(
     instructions="You are the front desk.",
     description="Front desk",
     tools=[lookup, delete_user, billing.as_tool(description="Ask billing to do something")],
+)
+
+
+# --- approver rules ---------------------------------------------------------------------
+@tool(requires_approval=True)
+def read_table(env: str, table: str) -> str:
+    """Read a table (gated; reads on staging are approved by a rule)."""
+    journal(f"read_table:{env}:{table}")
+    return f"{table} on {env}: 3 rows"
+
+
+def staging_reads(call: ApprovalRequest) -> Verdict:
+    if call.tool == "read_table" and call.args.get("env") == "staging":
+        return approve("reads on staging are fine")
+    return ask()
+
+
+@approver(name="freeze")
+async def change_freeze(call: ApprovalRequest) -> Verdict | None:
+    if call.tool == "delete_user" and call.args.get("user_id") == "frozen":
+        return deny("change freeze until Monday")
+    return None  # no opinion: the next rule, then a person
+
+
+def broken_rule(call: ApprovalRequest) -> Verdict:
+    raise RuntimeError("the rule's backend is down")
+
+
+@approver(timeout=0.2)
+async def slow_rule(call: ApprovalRequest) -> Verdict:
+    await asyncio.sleep(5)
+    return approve("too late")
+
+
+ruled = Agent(
+    name="ruled",
+    instructions="You are a test agent with approval rules.",
+    tools=[read_table, delete_user, lookup],
+    approvers=[broken_rule, slow_rule, change_freeze, staging_reads],
 )

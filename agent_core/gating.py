@@ -1,0 +1,155 @@
+"""Opening a turn's gates: one per call that needs approval, after the approver rules.
+
+Every gate of a turn is opened by one script (OPEN_GATES), all or nothing. A call an
+approver rule decided (:mod:`agent_core.approvers`) gets a gate too, opened already decided
+by ``rule:<name>``: the card and the audit trail show who decided, as for a person.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+from redis.commands.core import AsyncScript
+
+from . import metrics
+from .agent import Agent
+from .approvers import RULE_PREFIX, ApprovalRequest, consult
+from .completions import clean_text
+from .keys import Keys
+
+log = logging.getLogger(__name__)
+
+
+def args_hash(args: dict[str, Any]) -> str:
+    """SHA-256 of the canonical JSON of the arguments (what the approver saw)."""
+    canonical = json.dumps(args, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+async def open_gates(
+    script: AsyncScript,
+    keys: Keys,
+    agent: Agent,
+    run: dict[str, str],
+    turn: int,
+    calls: list[dict[str, Any]],
+    fence: str,
+    indexes: list[int] | None = None,
+    *,
+    timeout: float,
+) -> str:
+    """Open one gate per call; the script's answer (``ok``: the run paused, ``decided``: the
+    rules decided every call, ``lost``, ``stopped``, ``stale``). ``indexes``: each call's
+    position among the turn's calls (default: its position in ``calls``), by which gates
+    are listed in call order."""
+    run_id = run["run_id"]
+    origin = json.loads(run.get("origin") or "{}")
+    # The person whose message led to these calls: the latest user message's author.
+    requested_by = run.get("last_by") or run.get("requested_by", "")
+    nested = bool(run.get("parent"))
+    path = origin.get("path") if nested else None
+    if not isinstance(path, list):
+        path = [agent.name]
+    args: list[Any] = [fence, turn]
+    gate_keys: list[str] = []
+    by_rule = 0
+    for index, call in zip(indexes or range(len(calls)), calls, strict=True):
+        t = agent.get_tool(call["name"])
+        assert t is not None
+        gid = call["gate_id"]
+        digest = args_hash(call["args"])
+        fields = {  # created_at and deadline are added by the script (Redis clock)
+            "gate_id": gid,
+            "run_id": run_id,
+            "call_id": call["id"],
+            "turn": str(turn),
+            "index": str(index),
+            "tool": t.name,
+            "description": t.description,
+            "args": json.dumps(call["args"], ensure_ascii=False),
+            "args_hash": digest,
+            "status": "pending",
+            "agent": agent.name,
+            "requested_by": requested_by,
+            "origin": run.get("origin") or "{}",
+            "timeout": str(timeout),
+            "nested": "1" if nested else "0",
+            "path": json.dumps(path),
+        }
+        event = {
+            "gate_id": gid,
+            "run_id": run_id,
+            "call_id": call["id"],
+            "turn": turn,
+            "index": index,
+            "turn_gates": len(calls),
+            "tool": t.name,
+            "description": t.description,
+            "args": call["args"],
+            "args_hash": digest,
+            "agent": agent.name,
+            "requested_by": requested_by,
+            "origin": origin,
+            "timeout": timeout,
+            "nested": nested,
+            "path": path,
+        }
+        decided = ""
+        verdict = None
+        if agent.approvers:
+            request = ApprovalRequest(
+                tool=t.name,
+                args=dict(call["args"]),
+                agent=agent.name,
+                run_id=run_id,
+                requested_by=requested_by,
+                path=list(path),
+                origin=dict(origin),
+            )
+            verdict = await consult(agent.approvers, request)  # type: ignore[arg-type]
+        if verdict is not None:
+            v, name = verdict
+            status = "approved" if v.decision == "approve" else "denied"
+            by, reason = RULE_PREFIX + name, clean_text(v.reason or "")[:2000]
+            fields.update(status=status, decided_by=by, reason=reason, decided_hash=digest)
+            event["decided_by"] = by
+            decided = json.dumps(
+                {
+                    "gate_id": gid,
+                    "run_id": run_id,
+                    "call_id": call["id"],
+                    "tool": t.name,
+                    "status": status,
+                    "by": by,
+                    "reason": reason,
+                    "rule": name,
+                    "origin": origin,
+                }
+            )[:-1]
+            by_rule += 1
+            log.info("run %s: %s %s by approver rule %s", run_id, t.name, status, name)
+        # The script appends created_at and deadline and closes the object.
+        args += [gid, str(timeout), json.dumps(fields), json.dumps(event)[:-1], decided]
+        gate_keys.append(keys.gate(gid))
+    shard = keys.shard_of(run_id)
+    res = str(
+        await script(
+            keys=[
+                keys.run(run_id),
+                keys.turn(run_id, turn),
+                keys.deadlines(shard),
+                keys.events(shard),
+                keys.run_gates(run_id),
+                *gate_keys,
+            ],
+            args=args,
+        )
+    )
+    if res in ("ok", "decided"):
+        metrics.GATES_OPENED.inc(len(calls) - by_rule)
+    if res == "stale":
+        log.warning("run %s: turn %s changed under this worker; gates not reopened", run_id, turn)
+    return res
