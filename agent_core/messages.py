@@ -23,7 +23,7 @@ def denied(tool: str, by: str, reason: str | None) -> str:
     why = (
         f" {'Its' if rule else 'Their'} reason: {reason.strip()}"
         if reason and reason.strip()
-        else " No reason was given."
+        else f" {'It' if rule else 'They'} gave no reason."
     )
     return (
         f"Not executed: {_who(by)} declined this call to {tool}.{why} "
