@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Collection, Mapping
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .exceptions import ConfigError
 
+if TYPE_CHECKING:
+    from .agent import Agent
+
 DEFAULT_AGENT = "agent_core.examples.ops:agent"
+_AGENT_PATH = r"^[\w.]+:[\w.]+$"
 
 # What each variable is for and, for those you must set, where to get it: the second half of
 # its line in a ConfigError. Never a value: secrets must not reach logs.
@@ -46,6 +51,10 @@ HELP: dict[str, str] = {
     "OPENAI_TIMEOUT": "the seconds one model request may take",
     "AGENT": (
         "the agent to run, as package.module:attribute, importable by the worker and web processes"
+    ),
+    "AGENTS": (
+        "the agents to run, comma-separated package.module:attribute paths (the first is the "
+        "default); instead of AGENT"
     ),
     "APPROVAL_TIMEOUT": "the seconds before a pending approval expires",
     "MAX_TURNS": "the model turns after which a run is failed, 1 to 1000",
@@ -82,7 +91,9 @@ class Settings(BaseSettings):
     openai_max_retries: int = Field(10, validation_alias="OPENAI_MAX_RETRIES", ge=0, le=50)
     openai_retry_budget: float = Field(120.0, validation_alias="OPENAI_RETRY_BUDGET", ge=0)
     openai_timeout: float = Field(120.0, validation_alias="OPENAI_TIMEOUT", gt=0)
-    agent: str = Field(DEFAULT_AGENT, validation_alias="AGENT", pattern=r"^[\w.]+:[\w.]+$")
+    agent: str = Field(DEFAULT_AGENT, validation_alias="AGENT", pattern=_AGENT_PATH)
+    agents_spec: str | None = Field(None, validation_alias="AGENTS")
+    """AGENTS as set; :attr:`agents` is the parsed list."""
     approval_timeout: float = Field(300.0, validation_alias="APPROVAL_TIMEOUT", gt=0)
     max_turns: int = Field(30, validation_alias="MAX_TURNS", ge=1, le=1000)
     worker_concurrency: int = Field(16, validation_alias="WORKER_CONCURRENCY", ge=1, le=1000)
@@ -112,6 +123,28 @@ class Settings(BaseSettings):
             raise ValueError("must be DEBUG, INFO, WARNING or ERROR")
         return v
 
+    @field_validator("agents_spec")
+    @classmethod
+    def _agents(cls, v: str | None) -> str | None:
+        return None if v is None else ",".join(parse_agents(v))
+
+    @model_validator(mode="after")
+    def _agent_or_agents(self) -> Settings:
+        if self.agents_spec is not None and "agent" in self.model_fields_set:
+            raise ValueError(BOTH_AGENT_VARIABLES)
+        return self
+
+    @property
+    def agents(self) -> list[str]:
+        """The ``package.module:attribute`` of every agent, the default first: AGENTS, or
+        AGENT alone."""
+        return self.agents_spec.split(",") if self.agents_spec else [self.agent]
+
+    @property
+    def agents_variable(self) -> str:
+        """The variable that names the agents (``AGENTS`` or ``AGENT``), for messages."""
+        return "AGENTS" if self.agents_spec else "AGENT"
+
     @classmethod
     def from_env(cls, *, require_openai: bool = False, **overrides: Any) -> Settings:
         """Read the environment (``overrides``, by variable name, win over it).
@@ -133,6 +166,85 @@ class Settings(BaseSettings):
         """The worker needs an API key (any non-empty string for Ollama or vLLM)."""
         if self.openai_api_key is None or not self.openai_api_key.get_secret_value():
             raise ConfigError(not_set("OPENAI_API_KEY"))
+
+
+BOTH_AGENT_VARIABLES = (
+    "AGENT and AGENTS are both set: set only one (AGENTS lists every agent, the first being "
+    "the default; AGENT names a single agent)"
+)
+
+
+def parse_agents(spec: str) -> list[str]:
+    """``"a.b:x, a.c:y"`` → ``["a.b:x", "a.c:y"]``; ValueError (naming the entry by its
+    position, never echoing it) when an entry is not ``package.module:attribute``, repeats
+    another, or there is none."""
+    paths = [item.strip() for item in spec.split(",") if item.strip()]
+    if not paths:
+        raise ValueError("lists no agent")
+    for i, path in enumerate(paths, 1):
+        if not re.match(_AGENT_PATH, path):
+            raise ValueError(f"entry {i} is not package.module:attribute")
+        if paths.index(path) != i - 1:
+            raise ValueError(f"entry {i} repeats entry {paths.index(path) + 1}")
+    return paths
+
+
+def load_agents(settings: Settings) -> list[Agent]:
+    """Import every agent ``settings`` names (AGENTS, or AGENT), the default first.
+
+    Every failure is one :class:`ConfigError` line naming the variable that was set: an
+    entry that cannot be imported or is no Agent, two different agents with one name (their
+    sub-agents included), names only case tells apart, or (with several agents) a name
+    ``/agent <name>`` cannot pick because it has a space.
+    """
+    from .agent import load_agent
+
+    var = settings.agents_variable
+    loaded: list[tuple[str, Agent]] = []
+    for path in settings.agents:
+        try:
+            loaded.append((path, load_agent(path)))
+        except ConfigError as exc:
+            if var == "AGENT":
+                raise
+            raise ConfigError(_in_agents(str(exc))) from None
+    _check_names(loaded, var)
+    return [agent for _path, agent in loaded]
+
+
+def _in_agents(line: str) -> str:
+    """``load_agent``'s line about AGENT, said of an entry of AGENTS."""
+    line = line.replace("AGENT is invalid:", "AGENTS is invalid:", 1)
+    return line.replace("(AGENT=", "(in AGENTS: ")
+
+
+def _check_names(loaded: list[tuple[str, Agent]], var: str) -> None:
+    by_name: dict[str, tuple[str, Agent]] = {}  # every agent reachable, by name
+    tops: dict[str, tuple[str, Agent]] = {}  # the listed ones, by folded name
+    for path, top in loaded:
+        folded = top.name.casefold()
+        if folded in tops:
+            other_path, other = tops[folded]
+            why = "name the same agent" if other is top else "differ only in case"
+            if other is not top and other.name == top.name:
+                why = f"are two different agents named {top.name!r}"
+            raise ConfigError(
+                f"{var} is invalid: {other_path} and {path} {why}; give each agent its own name"
+            )
+        tops[folded] = (path, top)
+        if len(loaded) > 1 and len(top.name.split()) != 1:
+            raise ConfigError(
+                f"{var} is invalid: the agent of {path} is named {top.name!r}; "
+                "`/agent <name> <task>` picks an agent by one word, so give it a name without spaces"
+            )
+        for a in top.all_agents():
+            where = path if a is top else f"a sub-agent of {path}"
+            seen = by_name.setdefault(a.name, (where, a))
+            if seen[1] is not a:
+                raise ConfigError(
+                    f"{var} is invalid: two different agents are named {a.name!r} ({seen[0]} "
+                    f"and {where}); give each agent its own name"
+                )
 
 
 class _WorkerSettings(Settings):

@@ -23,14 +23,14 @@ from openai import AsyncOpenAI
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from . import metrics, scripts
-from .agent import Agent, load_agent
+from . import metrics, presence, scripts
+from .agent import Agent
 from .connections import connect_redis, redacted
 from .exceptions import ConfigError, GateNotFound, LeaseLost
 from .gateway import Gateway, valid_run_id
 from .keys import Keys
 from .runner import Runner
-from .settings import Settings, exit_on_config_error, importable_from_cwd
+from .settings import Settings, exit_on_config_error, importable_from_cwd, load_agents
 from .streams import StreamConsumer, StreamMessage, is_cluster, stream_groups
 from .trimmer import forget_dead_consumers, trim_events
 
@@ -157,6 +157,7 @@ class Worker:
                     log.warning("agent %s: closing its toolsets failed", a.name, exc_info=True)
 
     async def _serve(self) -> None:
+        await presence.announce_worker(self)  # the web's /healthz sees this worker now
         exporter = await self._serve_metrics()
         tasks = [asyncio.create_task(self._sweep_forever(), name="sweeper")]
         tasks += [
@@ -383,7 +384,9 @@ class Worker:
                 await asyncio.wait_for(self.stopping.wait(), timeout=max(wait, 0.005))
 
     async def housekeeping(self) -> None:
-        """Repair stuck runs, trim what every group has read, forget dead consumers."""
+        """Announce this worker, repair stuck runs, trim what every group has read, forget
+        dead consumers."""
+        await presence.announce_worker(self)
         for run_id in await self.gateway.repair_stuck(self.settings.stuck_run_after):
             log.warning(
                 "run %s was stuck (no progress for %.0f s, nothing pending, no worker): "
@@ -429,16 +432,16 @@ async def run_worker(
     """Run a worker in this process until ``stop`` is set (or the task running it is cancelled).
 
     ``settings`` default to :meth:`Settings.from_env` (with ``OPENAI_API_KEY`` required), and
-    ``agent`` to the one ``settings.agent`` names. The worker opens its own Redis and OpenAI
-    clients and closes them when it returns. It installs no signal handler. Raises
-    :class:`ConfigError` when the API key is missing, the agent cannot be imported or Redis
-    cannot be reached.
+    ``agent`` to the ones AGENTS (or AGENT) names (:func:`~agent_core.settings.load_agents`).
+    The worker opens its own Redis and OpenAI clients and closes them when it returns. It
+    installs no signal handler. Raises :class:`ConfigError` when the API key is missing, an
+    agent cannot be imported or Redis cannot be reached.
     """
     if settings is None:
         settings = Settings.from_env(require_openai=True)
     settings.require_openai()
     if agent is None:
-        agent = load_agent(settings.agent)
+        agent = load_agents(settings)
     redis = await connect_redis(settings.redis_url, settings.redis_cluster)
     try:
         try:
@@ -477,7 +480,7 @@ def main() -> None:
     importable_from_cwd()
     try:
         settings = Settings.from_env(require_openai=True)
-        load_agent(settings.agent)  # an unimportable AGENT is a config error, reported now
+        load_agents(settings)  # an unimportable agent is a config error, reported now
     except ConfigError as exc:
         exit_on_config_error(exc)
     logging.basicConfig(

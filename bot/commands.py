@@ -1,4 +1,9 @@
-"""The slash command: ``/agent <task>``, ``help``, ``status``, ``cancel <run>``, ``retry <run>``.
+"""The slash command: ``/agent [<agent>] <task>``, ``help``, ``status``, ``cancel <run>``,
+``retry <run>``.
+
+With several agents (AGENTS), a first word naming one of them picks it (``/agent billing
+refund order 7``); otherwise the default agent does the whole text (see :mod:`bot.directory`).
+A task for an agent that the live workers do not serve is refused at once.
 
 ``/agent <task>`` is acknowledged once its run is in Redis, or after ACK_BUDGET_SECONDS
 at the latest. An acknowledgement sent before the run was recorded says so (in the ack's
@@ -25,6 +30,7 @@ from agent_core.models import Gate, Run, RunStatus
 
 from . import cards
 from .context import BotContext
+from .directory import NO_TASK, AgentEntry
 from .publisher import can_respond, slack_error
 
 log = logging.getLogger(__name__)
@@ -86,11 +92,16 @@ class Commands:
     def command(self) -> str:
         return self.ctx.settings.slash_command
 
+    def usage(self) -> str:
+        """``/agent help``: the agents, then the commands."""
+        agents = self.ctx.agents.help_text(self.command)
+        return f"{agents}\n\n{cards.usage(self.command)}" if agents else cards.usage(self.command)
+
     def immediate_reply(self, text: str) -> str | None:
         """A reply that needs no I/O (sent with the ack), or ``None`` for real work."""
         stripped = text.strip()
         if not stripped or stripped.lower() in {"help", "usage", "-h", "--help"}:
-            return cards.usage(self.command)
+            return self.usage()
         if stripped.lower() in ("cancel", "retry"):
             sub = stripped.lower()
             return f"Which run? Use `{self.command} {sub} <run id>` (see `{self.command} status`)."
@@ -98,6 +109,11 @@ class Commands:
             return (
                 f"That task is {len(parse_task(stripped)):,} characters long; the limit is "
                 f"{MAX_TASK_CHARS:,}. Please shorten it. Nothing was started."
+            )
+        route = self.ctx.agents.route(parse_task(stripped))
+        if route.named and not route.task and _starts_a_task(stripped) and route.agent:
+            return NO_TASK.format(
+                agent=cards.clip_escaped(route.agent.name, 100), command=self.command
             )
         return None
 
@@ -144,7 +160,8 @@ class Commands:
         if m:
             await self.retry(user_id, m.group(1), respond, external=external)
             return
-        await self.start(body, user_id, parse_task(text), respond, started, progress)
+        route = self.ctx.agents.route(parse_task(text))
+        await self.start(body, user_id, route.task, respond, started, progress, agent=route.agent)
 
     async def start(
         self,
@@ -154,7 +171,10 @@ class Commands:
         respond: Any,
         started: asyncio.Event | None = None,
         progress: Progress | None = None,
+        *,
+        agent: AgentEntry | None = None,
     ) -> None:
+        """Start a run of ``agent`` (None: the workers' default) on ``task``."""
         ctx = self.ctx
         loop = asyncio.get_running_loop()
         if progress is None:
@@ -180,6 +200,11 @@ class Commands:
                 if progress.late:
                     await _reply(respond, REPEATED)
                 return
+        refused, note = await ctx.agents.refusal(agent)
+        if refused is not None:
+            log.info("a task was refused: no live worker serves agent %s", agent and agent.name)
+            await _reply(respond, refused)
+            return
         channel = str(body.get("channel_id") or "")
         root = cards.root_message(task, user_id, None, self.command)
         try:
@@ -207,7 +232,11 @@ class Commands:
             # Keyed by the trigger id: a client retry after a lost reply starts no second run.
             trigger = str(body.get("trigger_id") or "") or None
             run = await ctx.gateway.start_run(
-                task, requested_by=user_id, origin=origin, idempotency_key=trigger
+                task,
+                requested_by=user_id,
+                origin=origin,
+                idempotency_key=trigger,
+                agent=agent.name if agent else None,
             )
         except Exception:
             log.exception("start_run failed")
@@ -233,6 +262,8 @@ class Commands:
             log.warning("root message update deferred: %s", exc)
         if progress.late:
             await _reply(respond, STARTED_LATE.format(run=cards.clip_escaped(run.run_id, 100)))
+        if note is not None:
+            await _reply(respond, note)
 
     async def status(self, user_id: str, respond: Any) -> None:
         runs = await self.ctx.gateway.runs_for_user(user_id, limit=10)

@@ -14,6 +14,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent_core.keys import Keys
 
 from .approvers import Approvers
+from .directory import AgentDirectory
 from .ports import GatewayLike
 from .publisher import Publisher
 from .settings import BotSettings, parse_approvers
@@ -31,6 +32,8 @@ class BotContext:
     approvers: Approvers
     publisher: Publisher
     inflight: set[asyncio.Task[object]] = field(default_factory=set)
+    agents: AgentDirectory = field(default_factory=AgentDirectory)
+    """The agents ``/agent <name>`` picks from, and what the live workers serve."""
 
     @contextlib.asynccontextmanager
     async def busy(self) -> AsyncIterator[None]:
@@ -67,6 +70,7 @@ class BotContext:
         gateway: GatewayLike,
         client: AsyncWebClient,
         keys: Keys | None = None,
+        agents: AgentDirectory | None = None,
     ) -> BotContext:
         keys = keys or getattr(gateway, "keys", None) or Keys()
         store = Store(redis, keys)
@@ -77,4 +81,7 @@ class BotContext:
             allow_external=settings.allow_external_approvers,
         )
         publisher = Publisher(gateway, store, client, settings.slash_command)
-        return cls(settings, gateway, client, store, approvers, publisher)
+        ctx = cls(settings, gateway, client, store, approvers, publisher)
+        if agents is not None:
+            ctx.agents = agents
+        return ctx

@@ -2,7 +2,9 @@
 
 Slack sends ``app_mention`` for a message that mentions the bot, and ``message`` (with
 ``channel_type: "im"``) for a message in the app's DM. The whole text, the bot's mentions
-taken out, is the task (``help`` or ``status`` are tasks here too). The run answers in a
+taken out, is the task (``help`` or ``status`` are tasks here too); a first word naming a
+configured agent picks it, as with the slash command (``@agent billing refund order 7``, see
+:mod:`bot.directory`). The run answers in a
 thread under the person's message: its root message ("Task started by …") is the thread's
 first reply, and its cards and answers follow. A reply in that thread continues the run
 (``bot.conversations``). An empty or too long task is answered privately; bots, this app,
@@ -21,6 +23,7 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from . import cards
 from .commands import MAX_TASK_CHARS, parse_task
 from .context import BotContext
+from .directory import NO_TASK
 from .publisher import slack_error
 from .store import RECORD_TTL_SECONDS
 
@@ -103,14 +106,23 @@ class Mentions:
         if not await ctx.store.first_time(MESSAGE_NS, ident, MESSAGE_TTL_SECONDS):
             log.info("message %s already handled (a retry)", ident)
             return
-        task = parse_task(text)
+        bot = f"<@{bot_user_id}>" if bot_user_id else "@agent"
+        route = ctx.agents.route(parse_task(text))
+        task, agent = route.task, route.agent
         if not task:
-            await self._tell(
-                ask, EMPTY.format(bot=f"<@{bot_user_id}>" if bot_user_id else "@agent")
-            )
+            if route.named and agent is not None:
+                await self._tell(
+                    ask, NO_TASK.format(agent=cards.clip_escaped(agent.name, 100), command=bot)
+                )
+            else:
+                await self._tell(ask, EMPTY.format(bot=bot))
             return
         if len(task) > MAX_TASK_CHARS:
             await self._tell(ask, TOO_LONG.format(n=len(task), limit=MAX_TASK_CHARS))
+            return
+        refused, note = await ctx.agents.refusal(agent)
+        if refused is not None:
+            await self._tell(ask, refused)
             return
         root = cards.root_message(task, ask.user, None, ctx.settings.slash_command)
         try:
@@ -126,7 +138,11 @@ class Mentions:
         origin = {"channel": ask.channel, "thread_ts": ask.thread, "team": team}
         try:
             run = await ctx.gateway.start_run(
-                task, requested_by=ask.user, origin=origin, idempotency_key=f"{MESSAGE_NS}:{ident}"
+                task,
+                requested_by=ask.user,
+                origin=origin,
+                idempotency_key=f"{MESSAGE_NS}:{ident}",
+                agent=agent.name if agent else None,
             )
         except Exception:
             log.exception("start_run failed")
@@ -140,6 +156,8 @@ class Mentions:
             await self._tell(ask, BACKEND_DOWN)
             return
         log.info("run %s started by %s from a message in %s", run.run_id, ask.user, ask.channel)
+        if note is not None:
+            await self._tell(ask, note)
         try:
             await ctx.store.save_run_root(run.run_id, ask.channel, ts)
             # Replies in the person's thread (not under the root message) continue the run.

@@ -25,6 +25,7 @@ class GatewayLike(Protocol):
         origin: dict[str, Any] | None = ...,
         *,
         idempotency_key: str | None = ...,
+        agent: str | None = ...,
     ) -> Run: ...
 
     async def get_run(self, run_id: str) -> Run | None: ...

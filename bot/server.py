@@ -1,4 +1,12 @@
-"""The ``web`` process: Slack requests over HTTP (or Socket Mode), /healthz, the notifier."""
+"""The ``web`` process: Slack requests over HTTP (or Socket Mode), /healthz, the notifier.
+
+``GET /healthz`` answers 503 when Redis cannot be reached, else 200 with ``"ok": true`` and
+a ``workers`` field: how many workers are alive under this KEY_PREFIX, the agents they serve,
+the configured agents none serves, and a ``problem`` text (``"status": "degraded"``) when runs
+started here would stay queued or fail: no worker (and the other KEY_PREFIXes that have
+workers in this Redis), another SHARDS, or a missing agent. The web still takes tasks then:
+a 200 keeps it in a load balancer's rotation, where it queues runs for the workers to come.
+"""
 
 from __future__ import annotations
 
@@ -25,14 +33,14 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent_core import ConfigError, Gateway, Keys, Settings, metrics
-from agent_core.agent import load_agent
+from agent_core import Agent, ConfigError, Gateway, Keys, Settings, metrics
 from agent_core.connections import connect_redis, redacted
-from agent_core.settings import exit_on_config_error, importable_from_cwd
+from agent_core.settings import exit_on_config_error, importable_from_cwd, load_agents
 from agent_core.streams import is_cluster
 
 from .app import create_app, make_web_client
 from .context import BotContext
+from .directory import AgentDirectory
 from .notifier import Notifier
 from .ports import GatewayLike
 from .publisher import slack_error
@@ -45,13 +53,20 @@ Headers = dict[str, str | Sequence[str]]
 EVENTS_PATH = "/slack/events"
 HEALTH_PATH = "/healthz"
 MAX_BODY_BYTES = 1024 * 1024
+# How long the web process waits for a worker to show up before it warns that none did.
+WORKERS_GRACE_SECONDS = 5.0
 
 
 def build_web_app(
-    bolt: AsyncApp, settings: BotSettings, redis: aioredis.Redis, keys: Keys | None = None
+    bolt: AsyncApp,
+    settings: BotSettings,
+    redis: aioredis.Redis,
+    keys: Keys | None = None,
+    agents: AgentDirectory | None = None,
 ) -> web.Application:
-    """The aiohttp application: ``POST /slack/events`` (HTTP mode), ``GET /healthz`` and
-    ``GET /metrics`` (with the job gauges when ``keys`` are given)."""
+    """The aiohttp application: ``POST /slack/events`` (HTTP mode), ``GET /healthz`` (with
+    the live workers when ``agents`` can read them) and ``GET /metrics`` (with the job gauges
+    when ``keys`` are given)."""
     web_app = web.Application(client_max_size=MAX_BODY_BYTES)
     secret = settings.slack_signing_secret
     secret_value = secret.get_secret_value() if secret is not None else ""
@@ -97,9 +112,14 @@ def build_web_app(
     async def healthz(request: web.Request) -> web.Response:
         try:
             await asyncio.wait_for(redis.ping(), timeout=2.0)
+            if agents is None or not agents.knows_workers:
+                return web.json_response({"ok": True})
+            report = await asyncio.wait_for(agents.workers(look_elsewhere=True), timeout=2.0)
         except (RedisError, OSError, TimeoutError) as exc:
             return web.json_response({"ok": False, "redis": type(exc).__name__}, status=503)
-        return web.json_response({"ok": True})
+        workers = report.as_dict()
+        status = "degraded" if workers["problem"] else "ok"
+        return web.json_response({"ok": True, "status": status, "workers": workers})
 
     if verifier is not None and not settings.socket_mode:
         web_app.router.add_post(EVENTS_PATH, slack_events)
@@ -256,12 +276,18 @@ class BotServer:
         notifier_consumer: str | None = None,
         notifier_block_ms: int = 1000,
         run_notifier: bool = True,
+        agents: Sequence[Agent] = (),
+        workers_grace: float | None = None,
     ) -> None:
+        """``agents``: those ``/agent <name>`` picks from, the default first (none: every run
+        is the workers' default agent's). ``workers_grace``: warn in the log when, that many
+        seconds after start, no worker serves this deployment (or one of ``agents``)."""
         self.settings = settings
         self.redis = redis
         self.gateway = gateway
         self.client = client or make_web_client(settings)
-        self.context = BotContext.build(settings, redis, gateway, self.client)
+        self.agents = AgentDirectory(agents, redis, self._keys())
+        self.context = BotContext.build(settings, redis, gateway, self.client, agents=self.agents)
         self.app = create_app(settings, redis, gateway, self.client, context=self.context)
         self.notifier = Notifier(
             gateway,
@@ -273,6 +299,8 @@ class BotServer:
         self.host = host
         self.port = settings.port if port is None else port
         self.run_notifier = run_notifier
+        self.workers_grace = workers_grace
+        self._workers_task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self._socket: Any = None
         self._stop = asyncio.Event()
@@ -298,7 +326,7 @@ class BotServer:
             )
             self.client.session = self._session
         self._runner = web.AppRunner(
-            build_web_app(self.app, self.settings, self.redis, self._keys()),
+            build_web_app(self.app, self.settings, self.redis, self._keys(), self.agents),
             access_log=None,
             handle_signals=False,
         )
@@ -319,7 +347,39 @@ class BotServer:
             self._notifier_task = asyncio.create_task(
                 self.notifier.run(self._stop), name="notifier"
             )
+        if self.workers_grace is not None and self.agents.knows_workers:
+            self._workers_task = asyncio.create_task(
+                self._check_workers(self.workers_grace), name="workers-check"
+            )
         return self
+
+    async def _check_workers(self, grace: float) -> None:
+        """Warn once if, ``grace`` seconds after start, runs started here would not run: no
+        worker under this KEY_PREFIX (naming the prefixes that have some), another SHARDS,
+        or an agent no worker serves. Startup does not wait for it."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace
+        problem: str | None = None
+        while not self._stop.is_set():
+            try:
+                late = loop.time() >= end
+                report = await self.agents.workers(look_elsewhere=late, fresh=True)
+                problem = report.problem
+            except (RedisError, OSError) as exc:
+                log.info("could not read the live workers (%s)", type(exc).__name__)
+                return
+            if problem is None:
+                log.info(
+                    "workers: %d alive, serving %s",
+                    report.alive,
+                    ", ".join(report.agents) or "no agent",
+                )
+                return
+            if late:
+                break
+            await asyncio.sleep(min(0.5, max(end - loop.time(), 0.0)))
+        if problem is not None and not self._stop.is_set():
+            log.warning("workers: %s", problem)
 
     def _keys(self) -> Keys | None:
         # GatewayLike does not promise key names; agent_core's Gateway has them.
@@ -329,6 +389,11 @@ class BotServer:
     async def stop(self) -> None:
         """Stop taking requests, finish acknowledged work, then stop the notifier."""
         self._stop.set()
+        if self._workers_task is not None:
+            self._workers_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._workers_task
+            self._workers_task = None
         if self._socket is not None:
             with contextlib.suppress(Exception):
                 await self._socket.close_async()
@@ -406,7 +471,7 @@ async def check_slack(settings: BotSettings, client: AsyncWebClient) -> None:
 
 
 async def serve(settings: BotSettings, core: Settings) -> None:
-    agent = load_agent(core.agent)
+    agents = load_agents(core)
     redis = await connect_redis(core.redis_url, core.redis_cluster)
     try:
         await redis.ping()
@@ -418,11 +483,11 @@ async def serve(settings: BotSettings, core: Settings) -> None:
     gateway = Gateway(
         redis,
         Keys(core.key_prefix, core.shards),
-        agent_name=agent.name,
+        agent_name=agents[0].name,
         events_maxlen=core.events_maxlen,
         decision_replicas=core.decision_replicas,
     )
-    server = BotServer(settings, redis, gateway)
+    server = BotServer(settings, redis, gateway, agents=agents, workers_grace=WORKERS_GRACE_SECONDS)
     try:
         await check_slack(settings, server.client)
     except ConfigError:
@@ -431,10 +496,11 @@ async def serve(settings: BotSettings, core: Settings) -> None:
     await server.start()
     mode = "Socket Mode" if settings.socket_mode else f"HTTP on :{server.port}{EVENTS_PATH}"
     log.info(
-        "web ready (%s, command %s, agent %s, %s)",
+        "web ready (%s, command %s, %s %s, %s)",
         mode,
         settings.slash_command,
-        agent.name,
+        "agents" if len(agents) > 1 else "agent",
+        ", ".join(a.name for a in agents),
         "Redis Cluster" if is_cluster(redis) else "one Redis",
     )
     if not server.context.approvers.configured:
@@ -468,7 +534,7 @@ def main() -> None:
         problems += str(exc).splitlines()
     if core is not None:
         try:
-            load_agent(core.agent)
+            load_agents(core)
         except ConfigError as exc:
             problems.append(str(exc))
     if problems or core is None or settings is None:

@@ -51,6 +51,7 @@ def send_email(to: str, subject: str, body: str) -> str:
 
 agent = Agent(
     name="ops",
+    description="Looks up users; deletes accounts and emails outsiders only with approval.",
     instructions=(
         "You are an operations assistant. Use the tools to answer. Some calls need a person's "
         "approval; if a call is declined or times out, report that plainly and do not retry it "

@@ -1,0 +1,286 @@
+"""Which workers are alive, and which agents they serve.
+
+Every worker announces itself at start and then from its housekeeping (every
+``HOUSEKEEPING_INTERVAL`` seconds, or STUCK_RUN_AFTER when shorter): one field per worker in
+one hash per deployment, under the deployment's own hash tag (``{agw}:ext:presence:workers``).
+A field's value is JSON: ``{"agents": [...], "shards": 16, "every": 10.0, "started_at": …,
+"seen_at": …}``. Times are the Redis clock of the node holding the hash, read inside the
+scripts, so the web and the workers need not agree on theirs. An entry not refreshed for
+:data:`STALE_AFTER` of its intervals is ignored, and removed at the next announcement; the
+hash expires when no worker is left to refresh it.
+
+The web process reads it for ``/healthz`` and to refuse a task of an agent no live worker
+serves; anyone holding a Redis client can call :func:`check` (e.g. beside a
+:class:`~agent_core.Gateway`) to learn that runs would stay queued: no worker, workers under
+another KEY_PREFIX, or a SHARDS that differs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from redis.asyncio import Redis
+
+from .keys import Keys
+from .streams import is_cluster
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+log = logging.getLogger(__name__)
+
+STALE_AFTER = 3  # intervals without a refresh after which a worker counts as gone
+SCAN_COUNT = 1000  # keys examined per SCAN call when looking for other deployments
+SCAN_CALLS = 20  # SCAN calls at most per look (a bounded look, not an exhaustive one)
+_NS = "presence"
+_ID = "workers"
+_PATTERN = "{*}:ext:" + _NS + ":" + _ID
+
+# KEYS[1] the presence hash. ARGV[1] the worker's name, ARGV[2] its record (JSON, without
+# times), ARGV[3] STALE_AFTER. Writes the record with seen_at (now) and started_at (kept from
+# the worker's previous record), removes stale or unreadable records, and sets the hash to
+# expire once the slowest live worker is overdue. Returns now.
+_ANNOUNCE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local ok, rec = pcall(cjson.decode, ARGV[2])
+if not ok or type(rec) ~= 'table' or type(rec.every) ~= 'number' then
+  return redis.error_reply('ERR invalid presence record')
+end
+local stale = tonumber(ARGV[3])
+rec.started_at = now
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old then
+  local ok2, prev = pcall(cjson.decode, old)
+  if ok2 and type(prev) == 'table' and type(prev.started_at) == 'number' then
+    rec.started_at = prev.started_at
+  end
+end
+rec.seen_at = now
+redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(rec))
+local longest = rec.every
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local ok3, r = pcall(cjson.decode, all[i + 1])
+  if not ok3 or type(r) ~= 'table' or type(r.seen_at) ~= 'number'
+      or type(r.every) ~= 'number' or now - r.seen_at > stale * r.every then
+    redis.call('HDEL', KEYS[1], all[i])
+  elseif r.every > longest then
+    longest = r.every
+  end
+end
+redis.call('PEXPIRE', KEYS[1], math.ceil((stale * longest + 1) * 1000))
+return tostring(now)
+"""
+
+# KEYS[1] the presence hash. Returns {now, field, value, field, value, …}: the records and
+# the clock they are compared with, read together.
+_READ = """
+local t = redis.call('TIME')
+local out = {tostring(tonumber(t[1]) + tonumber(t[2]) / 1000000)}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all do out[#out + 1] = all[i] end
+return out
+"""
+
+
+def presence_key(keys: Keys) -> str:
+    """The hash of a deployment's live workers."""
+    return keys.ext(_NS, _ID)
+
+
+def prefix_of(key: str) -> str | None:
+    """The KEY_PREFIX of a presence hash's key, or None when it is not one."""
+    if not (key.startswith("{") and key.endswith("}:ext:" + _NS + ":" + _ID)):
+        return None
+    prefix = key[1 : key.index("}")]
+    return prefix if prefix and ":" not in prefix else None
+
+
+@dataclass(frozen=True)
+class WorkerPresence:
+    """One live worker as it announced itself."""
+
+    name: str
+    agents: tuple[str, ...]
+    shards: int
+    every: float
+    started_at: float
+    seen_at: float
+
+
+@dataclass
+class WorkersReport:
+    """What the live workers of a deployment mean for runs started from here."""
+
+    workers: list[WorkerPresence]
+    key_prefix: str
+    shards: int
+    expected_agents: list[str] = field(default_factory=list)
+    other_prefixes: list[str] = field(default_factory=list)
+
+    @property
+    def alive(self) -> int:
+        return len(self.workers)
+
+    @property
+    def agents(self) -> list[str]:
+        """Every agent some live worker serves, sorted."""
+        return sorted({a for w in self.workers for a in w.agents})
+
+    @property
+    def missing_agents(self) -> list[str]:
+        """The expected agents no live worker serves (all of them when none is alive)."""
+        served = set(self.agents)
+        return [a for a in self.expected_agents if a not in served]
+
+    @property
+    def other_shards(self) -> list[int]:
+        """The SHARDS of live workers that differ from this process's."""
+        return sorted({w.shards for w in self.workers if w.shards != self.shards})
+
+    def serves(self, agent: str) -> bool:
+        """Whether some live worker serves ``agent``."""
+        return any(agent in w.agents for w in self.workers)
+
+    @property
+    def problem(self) -> str | None:
+        """Why runs started from here would not run as expected, or None."""
+        prefix = self.key_prefix
+        if not self.workers:
+            text = (
+                f"no worker is alive under KEY_PREFIX={prefix}: runs stay queued until one "
+                "starts. Check that the workers run, and that they and this process use the "
+                "same KEY_PREFIX and REDIS_URL"
+            )
+            if self.other_prefixes:
+                found = ", ".join(f"KEY_PREFIX={p}" for p in self.other_prefixes)
+                text += f" (workers found under {found}; this process uses KEY_PREFIX={prefix})"
+            return text
+        lines: list[str] = []
+        if self.other_shards:
+            theirs = ", ".join(str(s) for s in self.other_shards)
+            lines.append(
+                f"workers use SHARDS={theirs} but this process uses SHARDS={self.shards}: runs "
+                "in shards they do not read stay queued. Every process must use the same SHARDS"
+            )
+        missing = self.missing_agents
+        if missing:
+            names = ", ".join(missing)
+            lines.append(
+                f"no live worker serves the agent{'s' if len(missing) > 1 else ''} {names}: "
+                f"its runs fail. Add {'them' if len(missing) > 1 else 'it'} to AGENTS on the "
+                "workers"
+            )
+        return "; ".join(lines) or None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``workers`` field of the web process's ``/healthz``."""
+        out: dict[str, Any] = {
+            "alive": self.alive,
+            "agents": self.agents,
+            "missing_agents": self.missing_agents,
+            "problem": self.problem,
+        }
+        if self.other_shards:
+            out["shards"] = self.other_shards
+        if self.other_prefixes:
+            out["other_prefixes"] = self.other_prefixes
+        return out
+
+
+async def announce(
+    redis: Redis, keys: Keys, name: str, agents: Iterable[str], *, every: float
+) -> bool:
+    """Record that worker ``name`` is alive, serving ``agents``, and will say so again
+    within ``every`` seconds; prune workers gone quiet. False (logged) when Redis failed:
+    announcing never stops a worker."""
+    record = json.dumps({"agents": sorted(agents), "shards": keys.shards, "every": float(every)})
+    try:
+        await redis.eval(_ANNOUNCE, 1, presence_key(keys), name, record, STALE_AFTER)
+    except Exception as exc:
+        log.warning("presence: could not announce worker %s (%s)", name, type(exc).__name__)
+        return False
+    return True
+
+
+async def announce_worker(worker: Worker) -> bool:
+    """:func:`announce` for a :class:`~agent_core.worker.Worker` (every agent it serves,
+    its housekeeping interval)."""
+    from .worker import HOUSEKEEPING_INTERVAL
+
+    every = min(HOUSEKEEPING_INTERVAL, worker.settings.stuck_run_after)
+    return await announce(worker.redis, worker.keys, worker.name, worker.agents, every=every)
+
+
+async def live_workers(redis: Redis, keys: Keys) -> list[WorkerPresence]:
+    """The workers alive under ``keys``' prefix (stale and unreadable records skipped)."""
+    return _parse(await redis.eval(_READ, 1, presence_key(keys)))
+
+
+def _parse(reply: Sequence[Any]) -> list[WorkerPresence]:
+    def text(x: Any) -> str:
+        return x.decode() if isinstance(x, bytes) else str(x)
+
+    now = float(text(reply[0]))
+    found: list[WorkerPresence] = []
+    for i in range(1, len(reply) - 1, 2):
+        try:
+            r = json.loads(text(reply[i + 1]))
+            w = WorkerPresence(
+                name=text(reply[i]),
+                agents=tuple(str(a) for a in r["agents"]),
+                shards=int(r["shards"]),
+                every=float(r["every"]),
+                started_at=float(r["started_at"]),
+                seen_at=float(r["seen_at"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            continue
+        if math.isfinite(w.seen_at) and now - w.seen_at <= STALE_AFTER * w.every:
+            found.append(w)
+    return sorted(found, key=lambda w: w.name)
+
+
+async def other_prefixes(redis: Redis, keys: Keys) -> list[str]:
+    """Other KEY_PREFIXes with live workers in the same Redis (a bounded SCAN: at most
+    ``SCAN_CALLS * SCAN_COUNT`` keys examined). Not looked for on Redis Cluster: empty."""
+    if is_cluster(redis):
+        return []
+    found: set[str] = set()
+    cursor: int = 0
+    for _ in range(SCAN_CALLS):
+        cursor, batch = await redis.scan(cursor, match=_PATTERN, count=SCAN_COUNT)
+        for key in batch:
+            prefix = prefix_of(key.decode() if isinstance(key, bytes) else str(key))
+            if prefix and prefix != keys.prefix:
+                found.add(prefix)
+        if not cursor:
+            break
+    alive = []
+    for prefix in sorted(found):
+        try:
+            theirs = Keys(prefix, keys.shards)
+        except ValueError:  # not a prefix this project writes
+            continue
+        if await live_workers(redis, theirs):
+            alive.append(prefix)
+    return alive
+
+
+async def check(
+    redis: Redis, keys: Keys, agents: Sequence[str] = (), *, look_elsewhere: bool = True
+) -> WorkersReport:
+    """The live workers under ``keys``' prefix, and what they mean for runs started with
+    these keys (``report.problem``): none alive (then, with ``look_elsewhere``, the other
+    prefixes that have workers in this Redis), another SHARDS, or ``agents`` no worker
+    serves. Raises what Redis raises."""
+    report = WorkersReport(await live_workers(redis, keys), keys.prefix, keys.shards, list(agents))
+    if not report.workers and look_elsewhere:
+        report.other_prefixes = await other_prefixes(redis, keys)
+    return report
