@@ -22,8 +22,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.async_slack_response import AsyncSlackResponse
 
 from agent_core import metrics
+from agent_core.agent import Agent
 
-from . import actions, commands, conversations, mentions, quiet
+from . import actions, assistant, commands, conversations, mentions, quiet
 from .context import BotContext
 from .ports import GatewayLike
 from .publisher import slack_error
@@ -114,11 +115,13 @@ def create_app(
     web_client: AsyncWebClient,
     *,
     context: BotContext | None = None,
+    agent: Agent | None = None,
 ) -> AsyncApp:
     """A Bolt ``AsyncApp`` with every listener registered.
 
     Bolt calls ``auth.test`` once, on the first request, with ``web_client`` (so a fake
-    Slack has to answer it).
+    Slack has to answer it). ``agent`` offers its suggested prompts in assistant threads
+    (default: the agent AGENT names).
     """
     ctx = context or BotContext.build(settings, redis, gateway, web_client)
     secret = settings.slack_signing_secret
@@ -136,6 +139,8 @@ def create_app(
     actions.register(app, ctx)
     mentions.register(app, ctx)  # before conversations: its DM listener is checked first
     conversations.register(app, ctx)
+    # A Bolt middleware: it sees assistant-thread events before the listeners above.
+    assistant.register(app, ctx, agent)
 
     @app.error
     async def on_error(error: Exception, body: dict[str, Any]) -> None:

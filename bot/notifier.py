@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from agent_core.models import Event, EventType, GateStatus
 
-from . import cards
+from . import assistant, cards
 from .ports import EventConsumerLike, GatewayLike
 from .publisher import Publisher, TransientSlackError
 from .store import LockBusy, Store
@@ -172,6 +172,8 @@ class Notifier:
             await self.publisher.post_in_thread(event.run_id, origin, "cancelled", [text])
             await self.publisher.show_run(event.run_id)
             await self._approved_calls_at_cancel(event.run_id, data)
+        # After Slack shows the event: the app's post in a thread clears its status line.
+        await assistant.show_status(self.publisher, event)
 
     async def _approved_calls_at_cancel(self, run_id: str, data: dict[str, Any]) -> None:
         """The approved calls of a cancelled run: the core lists those that never ran and

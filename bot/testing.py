@@ -9,11 +9,12 @@ update (so a test can look at a card as a user would see it), checks Block Kit w
 HTTP 429 (with ``Retry-After``) or ``ok: false`` errors for the next calls of a method, or
 :meth:`FakeSlack.hold` the answers of calls it has carried out (a caller killed while it
 waits has had its message posted, and never learns where). The Web API methods it serves
-are in :mod:`bot.testing_api`.
+are in :mod:`bot.testing_api`; those of assistant threads, and the person's side of such a
+thread (the events Slack sends), in :mod:`bot.testing_assistant`.
 
 :class:`SlackClient` sends slash commands, ``block_actions`` and ``view_submission``
 payloads to the bot's ``/slack/events`` exactly as Slack does: form-encoded and signed
-(``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}``).
+(``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}``), and Events API callbacks as JSON.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from playground.wire import read_args, sign
 
 from .testing_api import MAX_BLOCKS_CHARS, SlackMessage, WebApiMethods
 from .testing_api import _blocks_problem as _blocks_problem  # tests/bot/test_cards.py
+from .testing_assistant import AssistantSide
 
 __all__ = [
     "MAX_BLOCKS_CHARS",
@@ -78,7 +80,7 @@ class _Hold:
     released: threading.Event = field(default_factory=threading.Event)
 
 
-class FakeSlack(WebApiMethods, ThreadedServer):
+class FakeSlack(AssistantSide, WebApiMethods, ThreadedServer):
     """A fake Slack Web API (see the module docstring)."""
 
     def __init__(
@@ -109,6 +111,9 @@ class FakeSlack(WebApiMethods, ThreadedServer):
         self._drops: dict[str, int] = {}
         self._held = 0
         self._sockets: list[web.WebSocketResponse] = []
+        self._users: dict[str, str] = {}
+        self._handles: dict[str, str] = {}
+        self._statuses: dict[tuple[str, str], str] = {}
 
     # ------------------------------------------------------------------ routes
     def make_app(self) -> web.Application:
@@ -146,6 +151,9 @@ class FakeSlack(WebApiMethods, ThreadedServer):
             self._faults.clear()
             self._usergroups.clear()
             self._unreachable_channels.clear()
+            self._users.clear()
+            self._handles.clear()
+            self._statuses.clear()
 
     def fail_next(
         self,
@@ -201,9 +209,17 @@ class FakeSlack(WebApiMethods, ThreadedServer):
                     return h.released
         return None
 
-    def set_usergroup(self, group_id: str, users: list[str]) -> None:
+    def set_usergroup(self, group_id: str, users: list[str], handle: str | None = None) -> None:
+        """A user group and its members; ``handle`` (default: the id in lower case) is the
+        name people mention it by."""
         with self._lock:
             self._usergroups[group_id] = list(users)
+            self._handles[group_id] = handle or group_id.lower()
+
+    def set_user(self, user_id: str, name: str) -> None:
+        """A person ``users.info`` knows, shown as ``name``."""
+        with self._lock:
+            self._users[user_id] = name
 
     def block_channel(self, channel: str, error: str = "not_in_channel") -> None:
         """Make posting to ``channel`` fail like a channel the bot is not in."""
@@ -256,6 +272,13 @@ class FakeSlack(WebApiMethods, ThreadedServer):
                 methods = [c.method for c in self.calls]
                 raise AssertionError(f"timed out waiting for {what or predicate}; calls: {methods}")
             await asyncio.sleep(0.02)
+
+    def _api_chat_postMessage(self, args: dict[str, Any]) -> dict[str, Any]:
+        """As Slack: the app's reply in a thread also clears that thread's status line."""
+        body = super()._api_chat_postMessage(args)
+        if body.get("ok") and args.get("thread_ts"):
+            self._clear_status(str(args["channel"]), str(args["thread_ts"]))
+        return body
 
     # ------------------------------------------------------------------ handlers
     async def _handle_respond(self, request: web.Request) -> web.Response:
@@ -416,6 +439,7 @@ class SlackClient:
         secret: str | None = None,
         signature: str | None = None,
         path: str = "",
+        headers: Mapping[str, str] | None = None,
     ) -> HttpResult:
         """POST ``body`` signed with ``secret`` (default: the real one) at ``timestamp``."""
         ts = timestamp if timestamp is not None else str(int(time.time()))
@@ -424,6 +448,7 @@ class SlackClient:
             "Content-Type": content_type,
             "X-Slack-Request-Timestamp": ts,
             "X-Slack-Signature": sig,
+            **(headers or {}),
         }
         async with (
             aiohttp.ClientSession() as session,
@@ -463,6 +488,25 @@ class SlackClient:
                 "trigger_id": f"trigger-{next(self._n)}",
             }
         )
+
+    async def event(
+        self, event: dict[str, Any], *, event_id: str | None = None, retry: int = 0
+    ) -> HttpResult:
+        """An Events API ``event_callback`` carrying ``event``, as JSON; ``retry`` > 0 adds
+        the headers of Slack's retries (``X-Slack-Retry-Num``, ``X-Slack-Retry-Reason``)."""
+        body = {
+            "token": "deprecated-verification-token",
+            "team_id": self.team_id,
+            "api_app_id": "A0APP",
+            "event": event,
+            "type": "event_callback",
+            "event_id": event_id or f"Ev{next(self._n):08d}{time.time_ns() % 10**6:06d}",
+            "event_time": int(time.time()),
+        }
+        headers = {}
+        if retry:
+            headers = {"X-Slack-Retry-Num": str(retry), "X-Slack-Retry-Reason": "http_timeout"}
+        return await self.post(json.dumps(body), content_type="application/json", headers=headers)
 
     async def command(self, text: str, **kwargs: Any) -> HttpResult:
         """A slash command, e.g. ``await slack.command("delete user 42", user_id="U1")``."""

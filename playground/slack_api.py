@@ -19,9 +19,11 @@ from . import people
 from .hub import Hub
 from .store import TRIGGER_USED, Message, Store
 from .wire import (
+    ASSISTANT_REQUIRED,
     MAX_MESSAGE_BLOCKS,
     MAX_PAGE,
     MAX_VIEW_BLOCKS,
+    assistant_problem,
     blocks_detail,
     cursor,
     cursor_offset,
@@ -48,6 +50,9 @@ class WebApi:
         self.store = store
         self.hub = hub
         self.token = token
+        # The assistant status line of each thread, (channel, thread_ts) → status: the bot
+        # sets one only for runs from an assistant thread, which the playground has none of.
+        self.statuses: dict[tuple[str, str], str] = {}
 
     async def call(self, method: str, args: dict[str, Any], token: str | None) -> dict[str, Any]:
         """Answer one call; the body Slack would send (HTTP 200 in every case, as Slack)."""
@@ -324,6 +329,47 @@ class WebApi:
         return {"ok": True, "view": view}
 
     _api_views_push = _api_views_open
+
+    async def _assistant_call(self, method: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        """The refusal of an ``assistant.threads.*`` call, or None when it is accepted."""
+        if (problem := assistant_problem(method, args)) is not None:
+            needs = ", ".join(ASSISTANT_REQUIRED[method])
+            return _fail(problem, f"{method} takes {needs} (1 to 4 prompts, 10 loading messages)")
+        if args.get("channel_id") != people.CHANNEL_ID:
+            return _fail("channel_not_found")
+        thread_ts = args.get("thread_ts")
+        if (
+            thread_ts is not None
+            and await self.store.get(people.CHANNEL_ID, str(thread_ts)) is None
+        ):
+            return _fail("invalid_thread_ts")
+        return None
+
+    async def _api_assistant_threads_setStatus(self, args: dict[str, Any]) -> dict[str, Any]:
+        if (problem := await self._assistant_call("assistant.threads.setStatus", args)) is not None:
+            return problem
+        key, status = (str(args["channel_id"]), str(args["thread_ts"])), str(args["status"])
+        if status:
+            self.statuses[key] = status
+        else:
+            self.statuses.pop(key, None)  # an empty status clears it
+        return {"ok": True}
+
+    async def _api_assistant_threads_setSuggestedPrompts(
+        self, args: dict[str, Any]
+    ) -> dict[str, Any]:
+        method = "assistant.threads.setSuggestedPrompts"
+        return await self._assistant_call(method, args) or {"ok": True}
+
+    async def _api_assistant_threads_setTitle(self, args: dict[str, Any]) -> dict[str, Any]:
+        return await self._assistant_call("assistant.threads.setTitle", args) or {"ok": True}
+
+    async def _api_usergroups_list(self, args: dict[str, Any]) -> dict[str, Any]:
+        groups = [
+            {"id": gid, "team_id": people.TEAM_ID, "handle": handle, "name": name}
+            for gid, (handle, name, _members) in people.USERGROUPS.items()
+        ]
+        return {"ok": True, "usergroups": groups}
 
     async def _api_usergroups_users_list(self, args: dict[str, Any]) -> dict[str, Any]:
         group = people.USERGROUPS.get(str(args.get("usergroup") or ""))

@@ -25,6 +25,17 @@ MAX_PAGE = 999
 # The most blocks a message (50) and a modal (100) may hold.
 MAX_MESSAGE_BLOCKS = 50
 MAX_VIEW_BLOCKS = 100
+# assistant.threads.setSuggestedPrompts takes up to four prompts; setStatus rotates through
+# up to ten loading_messages.
+MAX_SUGGESTED_PROMPTS = 4
+MAX_LOADING_MESSAGES = 10
+# The required arguments of the assistant.threads.* methods (setSuggestedPrompts takes an
+# optional thread_ts: without it, the prompts go to the channel's latest thread).
+ASSISTANT_REQUIRED = {
+    "assistant.threads.setStatus": ("channel_id", "thread_ts", "status"),
+    "assistant.threads.setSuggestedPrompts": ("channel_id", "prompts"),
+    "assistant.threads.setTitle": ("channel_id", "thread_ts", "title"),
+}
 
 
 def sign(secret: str, timestamp: str, body: str) -> str:
@@ -90,13 +101,42 @@ async def read_args(request: web.Request) -> dict[str, Any]:
                 args["_raw"] = await request.text()
         else:
             args.update(dict(await request.post()))
-    for key in ("blocks", "view", "attachments", "metadata"):
+    for key in ("blocks", "view", "attachments", "metadata", "prompts", "loading_messages"):
         if isinstance(args.get(key), str):
             try:
                 args[key] = json.loads(args[key])
             except json.JSONDecodeError:
                 pass
     return args
+
+
+def assistant_problem(method: str, args: dict[str, Any]) -> str | None:
+    """``None`` when Slack would accept this ``assistant.threads.*`` call's arguments, else
+    the error it gives: ``invalid_arguments`` for a missing or malformed one (a ``status`` may
+    be empty: that clears it), too many prompts or loading messages included."""
+    for name in ASSISTANT_REQUIRED[method]:
+        value = args.get(name)
+        if name == "status" and value == "":
+            continue
+        if name != "prompts" and (not isinstance(value, str) or not value):
+            return "invalid_arguments"
+    if method == "assistant.threads.setSuggestedPrompts":
+        prompts = args.get("prompts")
+        if not isinstance(prompts, list) or not 0 < len(prompts) <= MAX_SUGGESTED_PROMPTS:
+            return "invalid_arguments"
+        for p in prompts:
+            if not isinstance(p, dict) or not all(
+                isinstance(p.get(k), str) and p[k] for k in ("title", "message")
+            ):
+                return "invalid_arguments"
+    loading = args.get("loading_messages")
+    if loading is not None and (
+        not isinstance(loading, list)
+        or len(loading) > MAX_LOADING_MESSAGES
+        or not all(isinstance(m, str) for m in loading)
+    ):
+        return "invalid_arguments"
+    return None
 
 
 def bearer(request: web.Request, args: dict[str, Any]) -> str | None:

@@ -48,3 +48,24 @@ def test_manifest_lets_mentions_and_dms_start_runs() -> None:
     home = MANIFEST.split("app_home:", 1)[1].split("oauth_config:", 1)[0]
     assert re.search(r"messages_tab_enabled: true", home)
     assert re.search(r"messages_tab_read_only_enabled: false", home)
+
+
+def test_manifest_opens_the_assistant_view() -> None:
+    """Assistant threads (bot/assistant.py): the split view, its events, the status line's
+    scope, and the names it shows (users:read for people, usergroups:read for groups)."""
+    features = MANIFEST.split("features:", 1)[1].split("oauth_config:", 1)[0]
+    view = re.search(r"\n  assistant_view:.*\n    assistant_description: (\S.*)\n", features)
+    assert view is not None and view.group(1).strip()
+    # The prompts are set per thread from the agent's definition, not fixed here.
+    assert not re.search(r"^\s+suggested_prompts:", features, re.MULTILINE)
+    block = MANIFEST.split("event_subscriptions:", 1)[1].split("interactivity:", 1)[0]
+    events = set(re.findall(r"^\s+- ([a-z_.]+)", block, re.MULTILINE))
+    assert {"assistant_thread_started", "assistant_thread_context_changed", "message.im"} <= events
+    scopes = set(re.findall(r"^\s+- ([a-z_:.]+)\s", MANIFEST, re.MULTILINE))
+    assert {
+        "assistant:write",
+        "chat:write",
+        "im:history",
+        "users:read",
+        "usergroups:read",
+    } <= scopes

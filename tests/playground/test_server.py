@@ -1273,6 +1273,8 @@ def test_the_real_manifest_subscribes_to_thread_replies() -> None:
     # The playground sends the bot what Slack would: the events its manifest subscribes to.
     assert bot_events((ROOT / "slack" / "manifest.yml").read_text()) == {
         "app_mention",
+        "assistant_thread_context_changed",
+        "assistant_thread_started",
         "message.channels",
         "message.groups",
         "message.im",
