@@ -25,7 +25,7 @@ $(VPY):
 
 # Reinstall only when pyproject.toml changed (or a package's __init__.py appeared: the
 # editable install maps the packages that existed when it ran).
-$(STAMP): pyproject.toml $(wildcard agent_core/__init__.py bot/__init__.py playground/__init__.py) | $(VPY)
+$(STAMP): pyproject.toml $(wildcard agent_core/__init__.py agent_mcp/__init__.py bot/__init__.py playground/__init__.py) | $(VPY)
 	$(VPY) -m pip install -q -e '.[dev]'
 	@touch $@
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib
 import logging
@@ -173,14 +174,13 @@ class Agent:
         return list(self._current())
 
     async def open(self) -> None:
-        """Open every toolset (the worker does, once)."""
-        for ts in self.toolsets:
-            await ts.open()
+        """Open every toolset (the worker does, once), side by side: one slow server does
+        not hold up the others."""
+        await asyncio.gather(*(ts.open() for ts in self.toolsets))
 
     async def close(self) -> None:
         """Close every toolset."""
-        for ts in self.toolsets:
-            await ts.close()
+        await asyncio.gather(*(ts.close() for ts in self.toolsets))
 
     # --- sub-agents -------------------------------------------------------------------
     def as_tool(
