@@ -14,9 +14,14 @@ counts its unfinished children in ``children_pending`` (beside ``pending``, its 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
+from redis.commands.core import AsyncScript
+
 from .keys import Keys
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_DEPTH = 5
 
@@ -104,3 +109,68 @@ def child_origin(run: dict[str, str], parent_agent: str, child_agent: str) -> di
     if not isinstance(path, list) or not path:
         path = [parent_agent]
     return {**origin, "parent_run": run["run_id"], "path": [*path, child_agent]}
+
+
+async def spawn(
+    script: AsyncScript,
+    keys: Keys,
+    run: dict[str, str],
+    turn: int,
+    call: dict[str, Any],
+    parent_agent: str,
+    child_agent: str,
+    depth: int,
+    now: str,
+    fence: str,
+) -> str:
+    """Start the child run of a parent's call with SPAWN_CHILD (under the parent's lease,
+    ``fence``); the script's answer."""
+    run_id = run["run_id"]
+    shard = keys.shard_of(run_id)
+    child_id = keys.new_run_id(shard)
+    task = str(call["args"].get("task", ""))
+    fields = {
+        "run_id": child_id,
+        "agent": child_agent,
+        "task": task,
+        # The person whose message led to this call: the self-approval rule applies to
+        # them at every depth.
+        "requested_by": run.get("last_by") or run.get("requested_by", ""),
+        "origin": json.dumps(child_origin(run, parent_agent, child_agent)),
+        "status": "queued",
+        "phase": "model",
+        "turn": "0",
+        "pending": "0",
+        "created_at": now,
+        "updated_at": now,
+        "parent": run_id,
+        "parent_call": call["id"],
+        "parent_turn": str(turn),
+        "depth": str(depth),
+    }
+    res = str(
+        await script(
+            keys=[
+                keys.run(run_id),
+                keys.turn(run_id, turn),
+                keys.run(child_id),
+                keys.history(child_id),
+                keys.authors(child_id),
+                keys.active(shard),
+                keys.jobs(shard),
+                keys.children(run_id),
+            ],
+            args=[
+                fence,
+                turn,
+                call["id"],
+                child_id,
+                json.dumps({"role": "user", "content": task}),
+                now,
+                *(x for kv in fields.items() for x in kv),
+            ],
+        )
+    )
+    if res == "spawned":
+        log.info("run %s: sub-agent %s started as run %s", run_id, child_agent, child_id)
+    return res

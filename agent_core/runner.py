@@ -24,16 +24,13 @@ import openai
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from . import children, gating, messages, metrics, retries, scripts
+from . import children, gating, messages, metrics, model_calls, scripts
 from .agent import Agent, AgentTool
-from .children import child_origin
 from .completions import (
     Completion,
     ModelResponseError,
     ToolCall,
     clean_text,
-    parse_completion,
-    parse_text_body,
     redact_secrets,
 )
 from .exceptions import LeaseLost
@@ -92,12 +89,6 @@ def _json_object_or_empty(arguments: str) -> str:
     except (ValueError, RecursionError):
         return "{}"
     return arguments if isinstance(parsed, dict) else "{}"
-
-
-def _error_kind(exc: openai.APIError) -> str:
-    if isinstance(exc, openai.RateLimitError):
-        return "rate_limited"
-    return "retryable" if retries.retryable(exc) else "final"
 
 
 # What _execute returns for a call that started a child run: its result comes later.
@@ -406,85 +397,10 @@ class Runner:
     async def _complete_model(
         self, request: bytes, run_id: str = "", lost: asyncio.Event | None = None
     ) -> Completion:
-        """One completion. Rate limits, server errors, timeouts, connection errors and
-        provider failures relayed in a 200 are tried again, waiting what the server asked
-        (Retry-After, retry-after-ms, x-ratelimit-reset-*) or backing off, at most
-        ``model_retries`` times and within ``retry_budget`` seconds in all."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.retry_budget
-        attempt = 0
-        while True:
-            started = loop.time()
-            try:
-                # Not chat.completions.create(): its parameter transform walks every message
-                # in Python (~160 ms of event-loop time at 1,000 messages, measured); the
-                # history is already plain JSON. The body is read as plain JSON and checked
-                # here: a 200 is not always a completion.
-                body = await self._post_unless_lost(request, run_id, lost)
-                metrics.MODEL_SECONDS.observe(loop.time() - started)
-                if isinstance(body, str):
-                    body = parse_text_body(body)
-                return parse_completion(body)
-            except ValueError as exc:  # a body labelled JSON that is not JSON
-                metrics.MODEL_ERRORS.labels("final").inc()
-                raise ModelResponseError(
-                    f"the model endpoint returned invalid JSON ({exc}); check OPENAI_BASE_URL"
-                ) from exc
-            except ModelResponseError as exc:
-                metrics.MODEL_ERRORS.labels("retryable" if exc.retryable else "final").inc()
-                if not exc.retryable:
-                    raise
-                error: Exception = exc
-                wait = retries.backoff(attempt)
-            except openai.APIError as exc:
-                metrics.MODEL_SECONDS.observe(loop.time() - started)
-                metrics.MODEL_ERRORS.labels(_error_kind(exc)).inc()
-                if not retries.retryable(exc):
-                    raise
-                error, wait = exc, retries.wait_for(exc, attempt)
-            if attempt >= self.model_retries or loop.time() + wait > give_up:
-                metrics.MODEL_ERRORS.labels("exhausted").inc()
-                raise error
-            if lost is not None and lost.is_set():
-                raise LeaseLost(run_id)
-            log.info("model call failed (%s); retrying in %.1f s", type(error).__name__, wait)
-            if lost is None:
-                await asyncio.sleep(wait)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(lost.wait(), timeout=wait)
-                if lost.is_set():
-                    raise LeaseLost(run_id)
-            attempt += 1
-
-    async def _post_unless_lost(
-        self, request: bytes, run_id: str, lost: asyncio.Event | None
-    ) -> Any:
-        """The model call, abandoned (LeaseLost) as soon as the lease is known to be lost:
-        another worker owns the run, and nothing this one learns could be recorded."""
-        call = self.client.post(
-            "/chat/completions",
-            content=request,
-            cast_to=object,
-            options={"headers": {"Content-Type": "application/json"}},
+        """One completion, retried as :func:`agent_core.model_calls.complete` says."""
+        return await model_calls.complete(
+            self.client, request, run_id, lost, self.model_retries, self.retry_budget
         )
-        if lost is None:
-            return await call
-        if lost.is_set():
-            call.close()
-            raise LeaseLost(run_id)
-        posting = asyncio.ensure_future(call)
-        watching = asyncio.ensure_future(lost.wait())
-        try:
-            await asyncio.wait({posting, watching}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watching.cancel()
-        if not posting.done():
-            posting.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await posting
-            raise LeaseLost(run_id)
-        return posting.result()
 
     def _plan_calls(
         self, turn: int, calls: list[ToolCall], shard: int
@@ -749,49 +665,17 @@ class Runner:
             return await self._settle(
                 run, turn, call, messages.too_deep(t.name, self.max_depth), fence
             )
-        shard = k.shard_of(run_id)
-        child_id = k.new_run_id(shard)
-        task = str(call["args"].get("task", ""))
-        now = _now()
-        fields = {
-            "run_id": child_id,
-            "agent": child.name,
-            "task": task,
-            # The person whose message led to this call: the self-approval rule applies to
-            # them at every depth.
-            "requested_by": run.get("last_by") or run.get("requested_by", ""),
-            "origin": json.dumps(child_origin(run, self.agent.name, child.name)),
-            "status": "queued",
-            "phase": "model",
-            "turn": "0",
-            "pending": "0",
-            "created_at": now,
-            "updated_at": now,
-            "parent": run_id,
-            "parent_call": call["id"],
-            "parent_turn": str(turn),
-            "depth": str(depth),
-        }
-        res = await self._spawn_script(
-            keys=[
-                k.run(run_id),
-                k.turn(run_id, turn),
-                k.run(child_id),
-                k.history(child_id),
-                k.authors(child_id),
-                k.active(shard),
-                k.jobs(shard),
-                k.children(run_id),
-            ],
-            args=[
-                fence,
-                turn,
-                call["id"],
-                child_id,
-                json.dumps({"role": "user", "content": task}),
-                now,
-                *(x for kv in fields.items() for x in kv),
-            ],
+        res = await children.spawn(
+            self._spawn_script,
+            k,
+            run,
+            turn,
+            call,
+            self.agent.name,
+            child.name,
+            depth,
+            _now(),
+            fence,
         )
         if res == "lost":
             raise LeaseLost(run_id)
@@ -799,7 +683,6 @@ class Runner:
             return None
         if res == "stale":  # settled meanwhile (a replay): its result is recorded
             return str(await self.redis.hget(k.turn(run_id, turn), f"result:{call['id']}") or "")
-        log.info("run %s: sub-agent %s started as run %s", run_id, child.name, child_id)
         return SPAWNED
 
     async def _open_gates(

@@ -330,3 +330,20 @@ async def test_a_worker_killed_while_the_parent_waits_loses_nothing(
     done = await observer.wait_finished(run.run_id, timeout=30)
     assert (done.status, done.final) == (RunStatus.COMPLETED, "parent done")
     assert read_journal(str(journal)) == ["refund:2"]
+
+
+async def test_a_child_whose_parent_was_cancelled_without_it_is_cancelled_before_acting(
+    h: Harness, fake_openai: FakeOpenAI, journal: Path, redis: Redis
+) -> None:
+    """The state a crash between the parent's cancel and the cascade leaves: the parent is
+    cancelled, its child still waits. The child's next step cancels it instead."""
+    fake_openai.script("refund 11 for me", [call("billing", {"task": "refund order 11"})])
+    fake_openai.script("refund order 11", [call("refund", {"order": 11}), reply("refunded")])
+    run = await h.gateway.start_run("refund 11 for me", requested_by="U1")
+    child_id, gate = await child_gate(h, run.run_id)
+    await redis.hset(h.keys.run(run.run_id), mapping={"status": "cancelled", "cancelled_by": "U1"})
+    await h.gateway.decide(gate["gate_id"], "approve", by="U2")
+    child = await h.wait_finished(child_id)
+    assert child.status is RunStatus.CANCELLED
+    await asyncio.sleep(0.3)
+    assert read_journal(str(journal)) == []
