@@ -168,18 +168,26 @@ class Runner:
         return self._body_head
 
     # --- driving ----------------------------------------------------------------------
-    async def advance(self, run_id: str, fence: str, lost: asyncio.Event | None = None) -> None:
+    async def advance(
+        self,
+        run_id: str,
+        fence: str,
+        lost: asyncio.Event | None = None,
+        began: list[Any] | None = None,
+    ) -> None:
         """Take the run as far as it goes without a human; return when paused or finished.
 
         ``fence`` is the caller's lease on the run (see :mod:`agent_core.scripts`); ``lost``,
         set by the caller's heartbeat when a renewal was refused, stops a model call (and its
         retries) at once. Raises :class:`LeaseLost` when the lease is no longer the caller's.
+        ``began``: BEGIN_RUN's reply when the caller took it with the lease (ACQUIRE_LEASE).
         """
         k = self.keys
-        began = await self._begin(
-            keys=[k.run(run_id), k.events(k.shard_of(run_id))],
-            args=[fence, self.agent.name, _now()],
-        )
+        if began is None:
+            began = await self._begin(
+                keys=[k.run(run_id), k.events(k.shard_of(run_id))],
+                args=[fence, self.agent.name, _now()],
+            )
         if began[0] == "":
             log.warning("job for unknown run %s ignored", run_id)
             return
@@ -207,13 +215,15 @@ class Runner:
         self, run: dict[str, str] | None, fence: str, lost: asyncio.Event | None = None
     ) -> None:
         """Advance a run this worker has begun (see :meth:`advance`) until it pauses."""
-        # Each step's script hands back the run as it left it: no re-read between steps.
+        # Each step's script hands back the run as it left it: no re-read between steps. A
+        # turn's last step also hands over what the next model call reads (``read``).
+        read: list[list[str]] = []
         while run is not None and run.get("status") == "running":
             phase, turn = run.get("phase"), int(run.get("turn") or 0)
             if phase == "model":
-                run = await self._model_turn(run, turn, fence, lost)
+                run = await self._model_turn(run, turn, fence, lost, read.pop() if read else None)
             elif phase == "tools":
-                run = await self._tools_turn(run, turn, fence)
+                run = await self._tools_turn(run, turn, fence, read)
             else:
                 return
 
@@ -225,7 +235,6 @@ class Runner:
         )
         if status not in (None, "completed", "failed", "cancelled"):
             return False
-        await self.redis.hset(self.keys.run(run["run_id"]), "lease_until", "0")
         with contextlib.suppress(Exception):
             await self._gateway().cancel_run(
                 run["run_id"], by or "", f"its parent run {run['parent']} is {status or 'gone'}"
@@ -295,7 +304,12 @@ class Runner:
 
     # --- phase: model -----------------------------------------------------------------
     async def _model_turn(
-        self, run: dict[str, str], turn: int, fence: str, lost: asyncio.Event | None = None
+        self,
+        run: dict[str, str],
+        turn: int,
+        fence: str,
+        lost: asyncio.Event | None = None,
+        read: list[str] | None = None,
     ) -> dict[str, str] | None:
         run_id = run["run_id"]
         k = self.keys
@@ -312,10 +326,12 @@ class Runner:
         # before this point (and taken over) stops here instead of paying for a model call
         # on a stale history. (Its writes would be refused anyway.)
         # Messages queued while the run worked join the history here, under the lease.
-        cur_fence, until, cur_turn, phase, now, *raw = await self._read_for_model(
-            keys=[k.run(run_id), k.history(run_id), k.authors(run_id), k.run_inbox(run_id)],
-            args=[fence],
-        )
+        if read is None:
+            read = await self._read_for_model(
+                keys=[k.run(run_id), k.history(run_id), k.authors(run_id), k.run_inbox(run_id)],
+                args=[fence],
+            )
+        cur_fence, until, cur_turn, phase, now, *raw = read
         if cur_fence != fence or float(until or 0) <= float(now):
             raise LeaseLost(run_id)
         if cur_turn != str(turn) or phase != "model":
@@ -457,7 +473,7 @@ class Runner:
 
     # --- phase: tools -----------------------------------------------------------------
     async def _tools_turn(
-        self, run: dict[str, str], turn: int, fence: str
+        self, run: dict[str, str], turn: int, fence: str, read: list[list[str]] | None = None
     ) -> dict[str, str] | None:
         run_id = run["run_id"]
         k = self.keys
@@ -507,17 +523,17 @@ class Runner:
                 run, turn, [c for _, c in to_gate], fence, [i for i, _ in to_gate]
             )
             if opened == "decided":  # approver rules decided every one: no pause
-                return await self._tools_turn(run, turn, fence)
+                return await self._tools_turn(run, turn, fence, read)
             return None
         if waiting:
             res = await self._wait_children(keys=[k.run(run_id)], args=[fence, turn, _now()])
             if res == "lost":
                 raise LeaseLost(run_id)
             if res == "go":  # every child answered meanwhile: their results are in
-                return await self._tools_turn(run, turn, fence)
+                return await self._tools_turn(run, turn, fence, read)
             return None  # the last child to finish enqueues the resume job
         after = await self._finish(
-            keys=[k.run(run_id), k.history(run_id)],
+            keys=[k.run(run_id), k.history(run_id), k.authors(run_id), k.run_inbox(run_id)],
             args=[
                 fence,
                 turn,
@@ -530,6 +546,11 @@ class Runner:
         )
         if _lost(after):
             raise LeaseLost(run_id)
+        if isinstance(after, list) and after[:1] == ["read"]:
+            n = int(after[1])
+            if read is not None:
+                read.append(after[2 + n :])
+            after = after[2 : 2 + n]
         return pairs(after) if after else None
 
     async def _apply_gate(

@@ -80,6 +80,58 @@ local function report_child(child_key, parent_key, pturn_key, pjobs, pevents, te
     redis.call('XADD', pjobs, '*', 'type', 'resume', 'run_id', pid)
   end
 end
+-- BEGIN_RUN's step (the caller holds the lease), shared with ACQUIRE_LEASE, which may take
+-- it in the same call. Returns {status} or {status, run hash as a flat list}.
+local function begin_run(run_key, events_key, agent, nowstr)
+  local st = redis.call('HGET', run_key, 'status')
+  if st == 'queued' then
+    redis.call('HSET', run_key, 'status', 'running', 'updated_at', nowstr)
+    local r = redis.call('HMGET', run_key, 'run_id', 'task', 'requested_by', 'origin', 'agent')
+    local data = '{"run_id":' .. cjson.encode(r[1]) .. ',"agent":' .. cjson.encode(r[5] or agent)
+      .. ',"task":' .. cjson.encode(r[2]) .. ',"requested_by":' .. cjson.encode(r[3])
+      .. ',"origin":' .. (r[4] or '{}') .. '}'
+    redis.call('XADD', events_key, '*', 'type', 'run.started', 'run_id', r[1], 'data', data)
+    st = 'running'
+  elseif st == 'awaiting_approval' then
+    if tonumber(redis.call('HGET', run_key, 'pending') or '0') > 0
+      or tonumber(redis.call('HGET', run_key, 'children_pending') or '0') > 0 then
+      return {st}
+    end
+    redis.call('HSET', run_key, 'status', 'running', 'updated_at', nowstr)
+    st = 'running'
+  end
+  return {st, redis.call('HGETALL', run_key)}
+end
+-- READ_FOR_MODEL's step, shared with FINISH_TURN (which hands the history over with the
+-- turn it closes). Under a current lease, in phase `model`, the messages queued in the
+-- run's inbox are first moved to the history, in order, with their authors.
+-- Returns {fence, lease_until, turn, phase, now (seconds, as a string), message...}.
+local function read_for_model(run_key, history_key, authors_key, inbox_key, fence)
+  local h = redis.call('HMGET', run_key, 'fence', 'lease_until', 'turn', 'phase', 'status')
+  local t = redis.call('TIME')
+  local tnow = tonumber(t[1]) + tonumber(t[2]) / 1000000
+  if h[1] == fence and tonumber(h[2] or '0') > tnow and h[4] == 'model'
+    and h[5] == 'running' then
+    local queued = redis.call('LRANGE', inbox_key, 0, -1)
+    local by = nil
+    for i = 1, #queued do queued[i] = cjson.decode(queued[i]) end  -- all read before a write
+    for i = 1, #queued do
+      local e = queued[i]
+      local n = redis.call('RPUSH', history_key, e['message'])
+      redis.call('HSET', authors_key, tostring(n - 1), e['by'])
+      by = e['by']
+    end
+    if by then
+      redis.call('HSET', run_key, 'last_by', by)
+      redis.call('DEL', inbox_key)
+    end
+  end
+  local out = {h[1] or '', h[2] or '0', h[3] or '', h[4] or '',
+    t[1] .. '.' .. string.format('%06d', t[2])}
+  local msgs = redis.call('LRANGE', history_key, 0, -1)
+  for i = 1, #msgs do out[i + 5] = msgs[i] end
+  return out
+end
 -- HSET/RPUSH in slices: unpack() of thousands of values overflows Lua's C stack.
 local function hset_from(key, argv, first)
   local i = first
@@ -129,12 +181,14 @@ return ARGV[2]
 """
 )
 
-# Take the lease of a run.
-# KEYS[1] run hash
-# ARGV[1] lease in ms, ARGV[2] worker name (for people reading the run)
-# Returns {'ok', fence, previous owner} | {'busy', seconds left on the holder's lease} |
-# {'missing'}. The previous owner is '' unless this is a takeover: another worker's lease
-# ran out without being released (released leases have lease_until 0).
+# Take the lease of a run and, when KEYS[2] is given, begin it too (BEGIN_RUN's step: one
+# round trip instead of two when a job starts).
+# KEYS[1] run hash, KEYS[2] events stream (optional)
+# ARGV[1] lease in ms, ARGV[2] worker name (for people reading the run), ARGV[3] agent name
+# (for run.started when the run hash names none; with KEYS[2])
+# Returns {'ok', fence, previous owner[, BEGIN_RUN's reply]} | {'busy', seconds left on the
+# holder's lease} | {'missing'}. The previous owner is '' unless this is a takeover: another
+# worker's lease ran out without being released (released leases have lease_until 0).
 ACQUIRE_LEASE = (
     _HELPERS
     + """
@@ -147,6 +201,10 @@ if held <= 0 or before == ARGV[2] then before = '' end
 local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 redis.call('HSET', KEYS[1], 'lease_until', string.format('%.6f', n + tonumber(ARGV[1]) / 1000),
   'lease_owner', ARGV[2])
+if KEYS[2] then
+  return {'ok', tostring(fence), before, begin_run(KEYS[1], KEYS[2], ARGV[3] or '',
+    string.format('%.6f', n))}
+end
 return {'ok', tostring(fence), before}
 """
 )
@@ -172,31 +230,12 @@ return 1
 # KEYS[1] run hash, KEYS[2] history list, KEYS[3] authors hash, KEYS[4] inbox list
 # ARGV[1] fence
 # Returns {fence, lease_until, turn, phase, now (seconds, as a string), message...}.
-READ_FOR_MODEL = """
-local h = redis.call('HMGET', KEYS[1], 'fence', 'lease_until', 'turn', 'phase', 'status')
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-if h[1] == ARGV[1] and tonumber(h[2] or '0') > now and h[4] == 'model'
-  and h[5] == 'running' then
-  local queued = redis.call('LRANGE', KEYS[4], 0, -1)
-  local by = nil
-  for i = 1, #queued do queued[i] = cjson.decode(queued[i]) end  -- all read before a write
-  for i = 1, #queued do
-    local e = queued[i]
-    local n = redis.call('RPUSH', KEYS[2], e['message'])
-    redis.call('HSET', KEYS[3], tostring(n - 1), e['by'])
-    by = e['by']
-  end
-  if by then
-    redis.call('HSET', KEYS[1], 'last_by', by)
-    redis.call('DEL', KEYS[4])
-  end
-end
-local out = {h[1] or '', h[2] or '0', h[3] or '', h[4] or '', t[1] .. '.' .. string.format('%06d', t[2])}
-local msgs = redis.call('LRANGE', KEYS[2], 0, -1)
-for i = 1, #msgs do out[i + 5] = msgs[i] end
-return out
+READ_FOR_MODEL = (
+    _HELPERS
+    + """
+return read_for_model(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1])
 """
+)
 
 # Give the lease back (only its holder can).
 # KEYS[1] run hash; ARGV[1] fence. Returns 1 if released.
@@ -305,26 +344,9 @@ return {'applied', redis.call('HGETALL', KEYS[1])}
 BEGIN_RUN = (
     _HELPERS
     + """
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return {''} end
+if not redis.call('HGET', KEYS[1], 'status') then return {''} end
 if not holds(KEYS[1], ARGV[1]) then return {'lost'} end
-if st == 'queued' then
-  redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[3])
-  local r = redis.call('HMGET', KEYS[1], 'run_id', 'task', 'requested_by', 'origin', 'agent')
-  local data = '{"run_id":' .. cjson.encode(r[1]) .. ',"agent":' .. cjson.encode(r[5] or ARGV[2])
-    .. ',"task":' .. cjson.encode(r[2]) .. ',"requested_by":' .. cjson.encode(r[3])
-    .. ',"origin":' .. (r[4] or '{}') .. '}'
-  redis.call('XADD', KEYS[2], '*', 'type', 'run.started', 'run_id', r[1], 'data', data)
-  st = 'running'
-elseif st == 'awaiting_approval' then
-  if tonumber(redis.call('HGET', KEYS[1], 'pending') or '0') > 0
-    or tonumber(redis.call('HGET', KEYS[1], 'children_pending') or '0') > 0 then
-    return {st}
-  end
-  redis.call('HSET', KEYS[1], 'status', 'running', 'updated_at', ARGV[3])
-  st = 'running'
-end
-return {st, redis.call('HGETALL', KEYS[1])}
+return begin_run(KEYS[1], KEYS[2], ARGV[2], ARGV[3])
 """
 )
 
@@ -516,11 +538,14 @@ return {ok = 'ok'}
 """
 )
 
-# Close a turn: append the tool messages in call order and hand back to the model.
-# KEYS[1] run hash, KEYS[2] history list
+# Close a turn: append the tool messages in call order and hand back to the model; with
+# KEYS[3] and KEYS[4], also read what the model call needs (READ_FOR_MODEL's reply), saving
+# the next step a round trip.
+# KEYS[1] run hash, KEYS[2] history list, KEYS[3] authors hash, KEYS[4] inbox list
 # ARGV[1] fence, ARGV[2] turn (guard), ARGV[3] now, ARGV[4..] tool messages JSON
-# Returns the run hash (flat list); 0 when the run is not running at that turn in phase
-# `tools`; 'lost' (status reply) when the lease is not the caller's.
+# Returns the run hash (flat list), or with KEYS[4] {'read', n, the run hash's n values,
+# READ_FOR_MODEL's reply...}; 0 when the run is not running at that turn in phase `tools`;
+# 'lost' (status reply) when the lease is not the caller's.
 FINISH_TURN = (
     _HELPERS
     + """
@@ -532,7 +557,13 @@ if redis.call('HGET', KEYS[1], 'status') ~= 'running'
 end
 rpush_from(KEYS[2], ARGV, 4)
 redis.call('HSET', KEYS[1], 'phase', 'model', 'updated_at', ARGV[3])
-return redis.call('HGETALL', KEYS[1])
+if not KEYS[4] then return redis.call('HGETALL', KEYS[1]) end
+local run = redis.call('HGETALL', KEYS[1])
+local out = {'read', #run}
+for i = 1, #run do out[#out + 1] = run[i] end
+local read = read_for_model(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1])
+for i = 1, #read do out[#out + 1] = read[i] end
+return out
 """
 )
 
@@ -610,7 +641,7 @@ return {ok = 'queued'}
 # its next model turn (READ_FOR_MODEL). A cancelled run does not continue.
 # KEYS[1] run hash, KEYS[2] history list, KEYS[3] authors hash, KEYS[4] inbox list,
 # KEYS[5] jobs stream, KEYS[6] active-runs zset, KEYS[7] finished-runs zset,
-# KEYS[8] events stream
+# KEYS[8] events stream, KEYS[9] the author's runs zset (the run joins their /agent status)
 # ARGV[1] run id, ARGV[2] user message JSON, ARGV[3] by, ARGV[4] now,
 # ARGV[5] inbox entry JSON ({"by": …, "message": the user message JSON as a string})
 # Returns 'started' | 'queued' | 'cancelled' | 'missing' as status replies.
@@ -640,6 +671,7 @@ else
   redis.call('ZADD', KEYS[6], ARGV[4], ARGV[1])
   redis.call('XADD', KEYS[5], '*', 'type', 'start', 'run_id', ARGV[1])
 end
+if KEYS[9] then redis.call('ZADD', KEYS[9], ARGV[4], ARGV[1]) end
 local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
 redis.call('XADD', KEYS[8], '*', 'type', 'run.continued', 'run_id', ARGV[1], 'data',
   '{"run_id":' .. cjson.encode(ARGV[1]) .. ',"by":' .. cjson.encode(ARGV[3])

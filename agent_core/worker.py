@@ -17,6 +17,7 @@ import secrets
 import signal
 import socket
 from collections.abc import Sequence
+from typing import Any
 
 from aiohttp import web
 from openai import AsyncOpenAI
@@ -257,7 +258,7 @@ class Worker:
                 await reader.dead_letter(msg, "malformed job")
                 metrics.DEAD_LETTERS.labels("malformed").inc()
                 return
-            fence = await self._acquire(run_id)
+            fence, began = await self._acquire(run_id)
             if fence is None:
                 await reader.ack(msg)
                 log.warning("job %s for unknown run %s ignored", msg.id, run_id)
@@ -269,7 +270,7 @@ class Worker:
                 await self._requeue(keys=[msg.stream], args=[JOBS_GROUP, msg.id, *_flat(msg)])
                 log.info("run %s is busy elsewhere; job %s requeued", run_id, msg.id)
                 return
-            await self._advance(reader, run_id, fence, msg)
+            await self._advance(reader, run_id, fence, msg, began)
         except asyncio.CancelledError:
             raise
         except LeaseLost:
@@ -287,7 +288,12 @@ class Worker:
             log.exception("run %s: job %s failed", run_id, msg.id)
 
     async def _advance(
-        self, reader: StreamConsumer, run_id: str, fence: str, msg: StreamMessage
+        self,
+        reader: StreamConsumer,
+        run_id: str,
+        fence: str,
+        msg: StreamMessage,
+        began: list[Any] | None = None,
     ) -> None:
         lost = asyncio.Event()
         heartbeat = asyncio.create_task(self._heartbeat(reader, run_id, fence, msg, lost))
@@ -303,7 +309,7 @@ class Worker:
                 metrics.DEAD_LETTERS.labels("too_many_deliveries").inc()
                 log.error("run %s: job %s dead-lettered", run_id, msg.id)
             else:
-                await self.runner.advance(run_id, fence, lost)
+                await self.runner.advance(run_id, fence, lost, began)
             heartbeat.cancel()
             if await self._finish_job(
                 keys=[msg.stream, self.keys.run(run_id)],
@@ -320,24 +326,27 @@ class Worker:
                 with contextlib.suppress(RedisError, OSError):
                     await self._release(keys=[self.keys.run(run_id)], args=[fence])
 
-    async def _acquire(self, run_id: str) -> str | None:
-        """The run's lease: a fence token, ``"busy"``, or None when the run does not exist.
+    async def _acquire(self, run_id: str) -> tuple[str | None, list[Any] | None]:
+        """The run's lease: (a fence token, BEGIN_RUN's reply taken with it), ``("busy",
+        None)``, or ``(None, None)`` when the run does not exist.
 
         A busy run is tried a few times over about a second (a resume job often arrives
         while the worker that opened the gates is still releasing the run).
         """
-        key = self.keys.run(run_id)
+        keys = [self.keys.run(run_id), self.keys.events(self.keys.shard_of(run_id))]
         for attempt in range(8):
-            res = await self._acquire_lease(keys=[key], args=[self.lease_ms, self.name])
+            res = await self._acquire_lease(
+                keys=keys, args=[self.lease_ms, self.name, self.agent.name]
+            )
             if res[0] == "ok":
                 if len(res) > 2 and res[2]:
                     metrics.TAKEOVERS.inc()
                     log.info("run %s: taken over from %s, whose lease ran out", run_id, res[2])
-                return str(res[1])
+                return str(res[1]), (res[3] if len(res) > 3 else None)
             if res[0] == "missing":
-                return None
+                return None, None
             await asyncio.sleep(min(0.01 * 2**attempt, 0.25))
-        return "busy"
+        return "busy", None
 
     async def _heartbeat(
         self,
