@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,6 +25,8 @@ from agent_core import scripts
 from agent_core.keys import Keys
 
 from .cards import ToolResult
+
+log = logging.getLogger(__name__)
 
 CARD_NS = "slack-card"
 # The "Approve all" message of a turn with several gates: a record like a card's, named by
@@ -39,6 +42,9 @@ RECORD_TTL_SECONDS = 30 * 24 * 3600
 # a web process killed while holding one blocks that card for seconds, not minutes.
 LOCK_TTL_MS = 10_000
 LOCK_WAIT_SECONDS = 3.0
+# A holder stuck for longer (a call that never returns) is cancelled, and its lock released:
+# renewing without a bound turned one stuck holder into a card that never updated again.
+LOCK_MAX_HOLD_SECONDS = 60.0
 
 # Records where a card went. The first message of a gate becomes its card; any other one
 # (two processes posted it) joins ``others`` and the stored digest is cleared, so that the
@@ -92,9 +98,16 @@ class RunRecord:
 
 
 class Store:
-    def __init__(self, redis: aioredis.Redis, keys: Keys) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        *,
+        lock_max_hold: float = LOCK_MAX_HOLD_SECONDS,
+    ) -> None:
         self.redis = redis
         self.keys = keys
+        self.lock_max_hold = lock_max_hold
         self._release = redis.register_script(scripts.RELEASE_LOCK)
         self._renew = redis.register_script(scripts.RENEW_LOCK)
         self._save_card = redis.register_script(SAVE_CARD)
@@ -223,6 +236,7 @@ class Store:
     async def lock(self, name: str, wait_seconds: float = LOCK_WAIT_SECONDS) -> AsyncIterator[None]:
         """A short mutual exclusion across replicas (SET NX PX, renewed while held, released
         only by its owner). :class:`LockBusy` if another holder keeps it past ``wait_seconds``.
+        The section is cancelled (TimeoutError) once held ``lock_max_hold`` seconds.
         """
         # "gate:<id>" and "run:<id>" locks live in that gate's or run's shard.
         key = self.keys.ext(LOCK_NS, name, self._shard(name.partition(":")[2]))
@@ -237,7 +251,18 @@ class Store:
             delay = min(delay * 2, 0.2)
         renewer = asyncio.create_task(self._keep(key, token))
         try:
-            yield
+            bound = asyncio.timeout(self.lock_max_hold)
+            try:
+                async with bound:
+                    yield
+            except TimeoutError:
+                if bound.expired():
+                    log.warning(
+                        "lock %s held for over %g s: its holder was cancelled",
+                        name,
+                        self.lock_max_hold,
+                    )
+                raise
         finally:
             renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

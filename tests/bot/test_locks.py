@@ -1,0 +1,52 @@
+"""Card locks: mutual exclusion across web replicas that a stuck holder cannot keep."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis.asyncio import Redis
+
+from agent_core import Keys
+from bot.store import LockBusy, Store
+
+
+async def test_a_holder_stuck_past_the_bound_is_cancelled_and_the_lock_freed(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = Keys("t")
+    stuck = Store(redis, keys, lock_max_hold=0.5)
+    other = Store(redis, keys)
+    never = asyncio.Event()
+    cancelled = False
+
+    async def holder() -> None:
+        nonlocal cancelled
+        async with stuck.lock("gate:00abc"):
+            try:
+                await never.wait()  # a call that never returns
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
+
+    task = asyncio.create_task(holder())
+    await asyncio.sleep(0.1)
+    with pytest.raises(LockBusy):
+        async with other.lock("gate:00abc", wait_seconds=0.1):
+            pass
+    with pytest.raises(TimeoutError):
+        await task
+    assert cancelled
+    assert "held for over 0.5 s: its holder was cancelled" in caplog.text
+    async with other.lock("gate:00abc", wait_seconds=0.5):
+        pass  # free again, without waiting for the TTL
+
+
+async def test_a_timeout_inside_the_section_is_not_reported_as_a_stuck_holder(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Store(redis, Keys("t"))
+    with pytest.raises(TimeoutError):
+        async with store.lock("gate:00abd"):
+            raise TimeoutError("Slack took too long")
+    assert "holder was cancelled" not in caplog.text
