@@ -299,6 +299,7 @@ class Gateway:
                 k.active(shard),
                 k.finished(shard),
                 k.events(shard),
+                k.user_runs(by, shard),
             ],
             args=[run_id, wire, by, f"{time.time():.6f}", json.dumps({"by": by, "message": wire})],
         )
@@ -652,18 +653,20 @@ class Gateway:
             for run_id in run_ids:
                 pipe.hmget(k.run(run_id), ["turn", "requested_by"])
                 pipe.smembers(k.run_gates(run_id))
+                pipe.hvals(k.authors(run_id))  # whoever continued it has it in their index
             replies = await pipe.execute()
         async with self.redis.pipeline(transaction=False) as pipe:
             for i, run_id in enumerate(run_ids):
-                (turn, requested_by), gate_ids = replies[2 * i], replies[2 * i + 1]
+                (turn, requested_by), gate_ids = replies[3 * i], replies[3 * i + 1]
+                authors = {a for a in replies[3 * i + 2] if a} | {requested_by or ""}
                 doomed = [k.run(run_id), k.history(run_id), k.run_gates(run_id)]
                 doomed += [k.run_inbox(run_id), k.authors(run_id), k.children(run_id)]
                 doomed += [k.turn(run_id, n) for n in range(1, int(turn or 0) + 1)]
                 doomed += [k.gate(g) for g in gate_ids]
                 pipe.unlink(*doomed)
                 shard = k.shard_of(run_id)
-                if requested_by:
-                    pipe.zrem(k.user_runs(requested_by, shard), run_id)
+                for author in sorted(authors - {""}):
+                    pipe.zrem(k.user_runs(author, shard), run_id)
                 pipe.zrem(k.finished(shard), run_id)
                 pipe.zrem(k.active(shard), run_id)
             await pipe.execute()

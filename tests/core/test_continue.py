@@ -45,6 +45,12 @@ async def test_continuing_a_completed_run_starts_its_next_turn_with_the_whole_hi
         "queued": False,
         "origin": {"channel": "C1"},
     }
+    # The run is in U2's /agent status too, and purging it leaves neither index behind.
+    assert [r.run_id for r in await gw.runs_for_user("U2")] == [run.run_id]
+    assert await gw.purge_finished(0) == 1
+    shard = harness.keys.shard_of(run.run_id)
+    for user in ("U1", "U2"):
+        assert await harness.redis.zcard(harness.keys.user_runs(user, shard)) == 0
 
 
 async def test_a_message_while_awaiting_approval_is_queued_for_the_next_model_turn(
