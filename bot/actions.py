@@ -28,6 +28,7 @@ from agent_core.exceptions import ArgsHashMismatch, GateNotFound
 from agent_core.models import Decision, Gate, GateStatus
 
 from . import cards
+from .acking import at_ack
 from .context import BotContext
 from .publisher import slack_error
 
@@ -563,6 +564,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
                 await tell(user_id, now, channel=outcome.channel)
 
     @app.block_action(cards.APPROVE_ACTION)
+    @at_ack(ctx)
     async def on_approve(
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:
@@ -576,6 +578,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         )
 
     @app.block_action(cards.TURN_APPROVE_ACTION)
+    @at_ack(ctx)
     async def on_approve_all(
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:
@@ -589,6 +592,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         )
 
     @app.block_action(cards.TURN_DENY_ACTION)
+    @at_ack(ctx)
     async def on_deny_all(
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:
@@ -599,6 +603,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
             await _guard(ctx, body, respond, work)
 
     @app.block_action(cards.DENY_ACTION)
+    @at_ack(ctx)
     async def on_deny(
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:
@@ -608,12 +613,14 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
             await _guard(ctx, body, respond, actions.deny_clicked(body, respond, external=external))
 
     @app.block_action(cards.ARGS_ACTION)
+    @at_ack(ctx)
     async def on_args(ack: Any, body: dict[str, Any], respond: Any) -> None:
         await ack()
         async with ctx.busy():
             await _guard(ctx, body, respond, actions.show_args(body, respond))
 
     @app.view(cards.DENY_CALLBACK)
+    @at_ack(ctx)
     async def on_deny_reason(ack: Any, body: dict[str, Any], context: AsyncBoltContext) -> None:
         external = is_external(body, home_team(body, context))
         await submit_when_durable(
@@ -621,6 +628,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         )
 
     @app.view(cards.TURN_DENY_CALLBACK)
+    @at_ack(ctx)
     async def on_deny_all_reason(ack: Any, body: dict[str, Any], context: AsyncBoltContext) -> None:
         external = is_external(body, home_team(body, context))
         await submit_when_durable(
@@ -630,6 +638,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
     # Registered last: Bolt tries listeners in order, so this only catches the rest. Only
     # block_actions: legacy payloads are answered quietly (bot/quiet.py).
     @app.block_action(re.compile(r".*", re.DOTALL))
+    @at_ack(ctx)
     async def on_unknown_action(ack: Any, body: dict[str, Any], respond: Any) -> None:
         await ack()
         user_id = _user_id(body)

@@ -131,7 +131,8 @@ def create_app(
             signing_secret=secret.get_secret_value() if secret is not None else "",
             # Socket Mode requests are not signed; Bolt skips the check for them by itself.
             request_verification_enabled=secret is not None,
-            process_before_response=False,
+            # Bolt answers when a listener returns; each returns at its ack() (bot.acking).
+            process_before_response=True,
             name="agent-approvals",
         )
     commands.register(app, ctx)

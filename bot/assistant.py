@@ -39,6 +39,7 @@ from slack_bolt.middleware.assistant.async_assistant import AsyncAssistant
 from agent_core.agent import Agent
 from agent_core.models import Event, EventType, Run
 
+from .acking import in_background
 from .cards import escape
 from .context import BotContext
 from .conversations import EVENT_NS, EVENT_TTL_SECONDS, Conversations
@@ -376,13 +377,15 @@ def register(app: AsyncApp, ctx: BotContext, agent: Agent | None = None) -> Assi
     bolt = AsyncAssistant(thread_context_store=threads)
     in_thread = AsyncCustomListenerMatcher(app_name=app.name, func=assistant.is_thread)
 
-    # Bolt acknowledges assistant events itself, before it runs these listeners.
+    # Bolt acknowledges assistant events itself once these return: they return at once.
     @bolt.thread_started
+    @in_background(ctx)
     async def thread_started(event: dict[str, Any]) -> None:
         async with ctx.busy():
             await assistant.on_thread_started(event)
 
     @bolt.user_message(matchers=[in_thread])  # type: ignore[arg-type]
+    @in_background(ctx)
     async def user_message(
         body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
     ) -> None:

@@ -29,6 +29,7 @@ from agent_core.exceptions import InvalidState, RunNotFound
 from agent_core.models import Gate, Run, RunStatus
 
 from . import cards
+from .acking import at_ack
 from .context import BotContext
 from .directory import NO_TASK, AgentEntry
 from .publisher import can_respond, slack_error
@@ -405,6 +406,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
     commands = Commands(ctx)
 
     @app.command(ctx.settings.slash_command)
+    @at_ack(ctx)
     async def on_command(
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 from slack_sdk.web.async_client import AsyncWebClient
@@ -49,6 +50,18 @@ class BotContext:
         finally:
             if task is not None:
                 self.inflight.discard(task)
+
+    def track(self, task: asyncio.Task[Any] | asyncio.Future[Any]) -> None:
+        """Keep a listener's work after its ``ack()`` (see :mod:`bot.acking`): shutdown waits
+        for it, and a failure is logged."""
+        self.inflight.add(task)  # type: ignore[arg-type]
+        task.add_done_callback(self._tracked_done)
+
+    def _tracked_done(self, task: asyncio.Future[Any]) -> None:
+        self.inflight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            log.error("a Slack handler failed after its ack", exc_info=exc)
 
     async def drain(self, timeout: float = 10.0) -> None:
         """Wait for acknowledged work to finish; cancel what is still running after ``timeout``."""

@@ -19,6 +19,7 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from agent_core.exceptions import InvalidState, RunNotFound
 from agent_core.models import ContinueOutcome
 
+from .acking import at_ack
 from .cards import clip_escaped
 from .context import BotContext
 from .publisher import slack_error
@@ -102,6 +103,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
     conversations = Conversations(ctx)
 
     @app.event("message")
+    @at_ack(ctx)
     async def on_message(
         ack: Any, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
     ) -> None:

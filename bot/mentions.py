@@ -21,6 +21,7 @@ from typing import Any
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 
 from . import cards
+from .acking import at_ack
 from .commands import MAX_TASK_CHARS, parse_task
 from .context import BotContext
 from .directory import NO_TASK
@@ -190,6 +191,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
             await mentions.on_ask(ask, text, str(body.get("team_id") or ""), bot)
 
     @app.event("app_mention")
+    @at_ack(ctx)
     async def on_mention(
         ack: Any, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
     ) -> None:
@@ -197,6 +199,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         await handle(event, body, context.bot_user_id)
 
     @app.event("message", matchers=[is_dm_task])
+    @at_ack(ctx)
     async def on_dm(
         ack: Any, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
     ) -> None:
