@@ -69,13 +69,17 @@ local function report_child(child_key, parent_key, pturn_key, pjobs, pevents, te
   redis.call('HSET', pturn_key, 'state:' .. cid, 'done', 'result:' .. cid, text)
   local call = cjson.decode(redis.call('HGET', pturn_key, 'call:' .. cid))
   local gid = redis.call('HGET', pturn_key, 'gate:' .. cid)
+  local pstatus = redis.call('HGET', parent_key, 'status')
   local data = cjson.encode({run_id = pid, call_id = cid, tool = call['name'], ok = ok,
-    in_doubt = false, after_cancel = false, output = cut(text, 3000), child_run = c[3]})
+    in_doubt = false, after_cancel = pstatus == 'cancelled', output = cut(text, 3000),
+    child_run = c[3]})
   data = string.sub(data, 1, -2) .. ',"gate_id":' .. (gid and cjson.encode(gid) or 'null')
     .. ',"origin":' .. (redis.call('HGET', parent_key, 'origin') or '{}') .. '}'
   redis.call('XADD', pevents, '*', 'type', 'tool.executed', 'run_id', pid, 'data', data)
-  local left = redis.call('HINCRBY', parent_key, 'children_pending', -1)
-  if left <= 0 and redis.call('HGET', parent_key, 'status') == 'awaiting_approval'
+  -- A finished parent has no children pending (its cancel or failure set 0): never below.
+  local left = tonumber(redis.call('HGET', parent_key, 'children_pending') or '0')
+  if left > 0 then left = redis.call('HINCRBY', parent_key, 'children_pending', -1) end
+  if left <= 0 and pstatus == 'awaiting_approval'
     and tonumber(redis.call('HGET', parent_key, 'pending') or '0') <= 0 then
     redis.call('XADD', pjobs, '*', 'type', 'resume', 'run_id', pid)
   end
@@ -712,7 +716,7 @@ for i = 11, #KEYS do
     local g = redis.call('HMGET', KEYS[i], 'turn', 'call_id')
     if g[1] == ARGV[4] then
       local cs = redis.call('HGET', KEYS[7], 'state:' .. g[2])
-      if cs == 'claimed' then
+      if cs == 'claimed' or cs == 'child' then  -- running, or its sub-agent's run is
         running[#running + 1] = gid
       elseif cs ~= 'done' then
         never[#never + 1] = gid

@@ -130,7 +130,10 @@ class Notifier:
         t = event.type
         if origin.get("parent_run") and t.value.startswith("run."):
             # A sub-agent's run: it has no root message, and its outcome reaches the thread
-            # as its parent's tool result. Its gates and calls are shown like the parent's.
+            # as its parent's tool result. Its gates and calls are shown like the parent's,
+            # so a cancel still tells its approved calls' cards that they never ran.
+            if t is EventType.RUN_CANCELLED:
+                await self._approved_calls_at_cancel(event.run_id, data)
             return
         if t is EventType.GATE_OPENED:
             gate_id = str(data["gate_id"])

@@ -84,3 +84,46 @@ async def test_a_nested_approval_is_shown_and_decided_in_the_parents_thread(
     root = bot.fake.message(CHANNEL, run.origin["thread_ts"])
     assert root is not None and "refund order 7 for the customer" in root.text
     assert f"Run `{run_id}` · ✅ completed" in str(root.blocks)
+
+
+async def test_cancelling_the_parent_tells_a_childs_approved_call_it_never_ran(
+    bot: BotHarness, redis_url: str, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """Found by the soak: the child's run.cancelled was skipped whole, so an approved call
+    of the cancelled child kept saying "Running…"."""
+    from agent_core.testing import calls
+
+    bot.gateway.agent_name = desk.name
+    bot.core = Harness(bot.redis, core_settings(redis_url, fake_openai.base_url), desk)
+    bot.core.start_worker()
+    fake_openai.script("two refunds please", [call("billing", {"task": "refund 3 and 4"})])
+    fake_openai.script(
+        "refund 3 and 4", [calls([("refund", {"order": 3}), ("refund", {"order": 4})])]
+    )
+    run_id = await bot.start_task("two refunds please")
+
+    async def two_cards() -> Any:
+        for child in await bot.redis.smembers(bot.keys.children(run_id)):
+            gates = await bot.gateway.pending_gates(child)
+            posted = [
+                g
+                for g in gates
+                if await bot.redis.hget(
+                    bot.keys.ext("slack-card", g.gate_id, bot.keys.shard_of(child)), "ts"
+                )
+            ]
+            if len(posted) == 2:
+                return posted
+        return None
+
+    first, _second = await wait_until(two_cards, timeout=15)
+    card = await bot.card(first.gate_id)
+    resp = await bot.client.action(
+        "gate_approve", cards.button_value(first), user_id=APPROVER, message_ts=card.ts
+    )
+    assert resp.status == 200
+    await bot.wait_card(first.gate_id, "Approved")
+    await bot.gateway.cancel_run(run_id, by=REQUESTER)
+    msg = await bot.wait_card(first.gate_id, "cancelled before this call started")
+    assert "Running" not in str(msg.blocks)
+    assert journal_lines(journal) == []

@@ -206,6 +206,8 @@ async def test_cancelling_the_parent_cancels_its_children_and_their_gates(
     await h.gateway.cancel_run(run.run_id, by="U1", reason="changed my mind")
     child = await h.wait_finished(child_id)
     assert child.status is RunStatus.CANCELLED
+    # The child's report found its parent finished: the count stays at 0, never below.
+    assert await h.redis.hget(h.keys.run(run.run_id), "children_pending") == "0"
     closed = await h.wait_event(child_id, "gate.decided", status="cancelled")
     assert closed.data["gate_id"] == gate["gate_id"]
     # A late click finds the gate closed; nothing runs.
