@@ -98,10 +98,11 @@ class AgentDirectory:
         return self._by_name.get(word.rstrip(":,").casefold()) if word else None
 
     def route(self, text: str) -> Route:
-        """The agent a task's text asks for, and the task: a first word naming a configured
-        agent picks it; otherwise the default agent does the whole text."""
+        """The agent a task's text asks for, and the task: with several agents configured, a
+        first word naming one picks it; otherwise the default agent does the whole text
+        (with one agent, "ops is down: restart web" keeps its first word)."""
         words = text.split(maxsplit=1)
-        chosen = self.find(words[0]) if words else None
+        chosen = self.find(words[0]) if words and len(self.entries) > 1 else None
         if chosen is not None:
             return Route(chosen, words[1].strip() if len(words) > 1 else "", named=True)
         return Route(self.default, text.strip())

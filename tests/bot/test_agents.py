@@ -142,6 +142,10 @@ def test_routing_picks_a_configured_agent_by_its_first_word() -> None:
     assert d.route("refund billing 7").task == "refund billing 7"
     assert not d.route("refund billing 7").named
     assert AgentDirectory().route("billing x").agent is None
+    # With one agent there is nothing to pick: its name as a first word is part of the task.
+    one = AgentDirectory([AgentEntry("ops")])
+    assert one.route("ops is down: restart web").task == "ops is down: restart web"
+    assert not one.route("ops is down").named
 
 
 async def test_a_named_agent_runs_with_its_instructions_and_tools(
