@@ -5,7 +5,8 @@ only). :class:`Chaos` SIGKILLs workers and ``web`` and restarts them, SIGKILLs `
 and restarts it from its append-only file, pauses a worker (SIGSTOP) past its lease and
 continues it (sometimes mid-tool, found through the tools' journal), counting the takeovers,
 and restarts a process that exited by itself, like a supervisor. Every fault is written to
-``chaos.log``.
+``chaos.log``; a fault that hits while a child run (a sub-agent's) is active is counted apart,
+and so is a killed or paused worker that held a child run's lease.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from redis.exceptions import RedisError
 from agent_core import Keys
 from tests.redis_server import RedisServer
 from tests.soak.config import PAUSE_SECONDS, REPO
+from tests.soak.people import op_depth
 
 
 # --------------------------------------------------------------------------- processes
@@ -100,12 +102,32 @@ class Chaos:
 
         def spawn(self, coro: Awaitable[Any]) -> None: ...
 
+        def open_children(self) -> list[str]: ...
+
     def note(self, what: str) -> str:
         """Append a line to chaos.log (timestamps comparable with the processes' logs)."""
         stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
         with self.chaos_log.open("a", encoding="utf-8") as f:
             f.write(f"{stamp} {what}\n")
         return stamp
+
+    def fault_hit(self, what: str) -> None:
+        """Count a fault that hit while a child run was active (as the watcher last saw)."""
+        if self.open_children():
+            self.counts[f"faults while a child run was active: {what}"] += 1
+
+    async def child_runs_among(self, run_ids: list[str]) -> list[str]:
+        """Those of ``run_ids`` that are child runs (a sub-agent's); [] while Redis is down."""
+        if not run_ids:
+            return []
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for run_id in run_ids:
+                    pipe.hget(self.keys.run(run_id), "parent")
+                parents = await pipe.execute()
+        except (RedisError, OSError):
+            return []
+        return [r for r, parent in zip(run_ids, parents, strict=True) if parent]
 
     def web_killed_between(self, t0: float, t1: float) -> bool:
         return any(t0 <= t <= t1 for t in self.web_kills)
@@ -124,9 +146,15 @@ class Chaos:
                 # Mostly the other one: a paused worker should often live to wake up.
                 w = next(x for x in self.workers if x is not w)
             pid = w.proc.pid if w.alive and w.proc is not None else None
+            held = await self.leases_held_by(pid) if pid is not None else None
             w.kill()
             self.note(f"SIGKILL {w.name} pid {pid}")
             self.counts["worker SIGKILLs"] += 1
+            self.fault_hit("worker SIGKILL")
+            if held:
+                self.counts["worker SIGKILLs while it held a run lease"] += 1
+                if await self.child_runs_among(list(held)):
+                    self.counts["worker SIGKILLs while it held a child run lease"] += 1
             await asyncio.sleep(self.rng.uniform(0, 2))
             w.start()
             self.note(f"started {w.name} pid {w.proc.pid if w.proc else None}")
@@ -140,6 +168,7 @@ class Chaos:
             self.note("SIGKILL web")
             self.web_kills.append(time.monotonic())
             self.counts["web SIGKILLs"] += 1
+            self.fault_hit("web SIGKILL")
             await asyncio.sleep(self.rng.uniform(0.2, 2))
             self.web.start()
 
@@ -152,6 +181,7 @@ class Chaos:
             self.note("SIGKILL redis-server")
             down = time.monotonic()
             self.counts["Redis SIGKILLs (restarted from the AOF)"] += 1
+            self.fault_hit("Redis SIGKILL")
             await asyncio.sleep(self.rng.uniform(0.3, 2))
             self.redis_server.start()
             self.note("redis-server restarted from its AOF")
@@ -262,8 +292,11 @@ class Chaos:
         stopped = self.note(f"SIGSTOP {w.name} pid {proc.pid} for {seconds:.1f} s (mid-tool: {op})")
         self.paused = proc
         self.counts["worker pauses (SIGSTOP past the lease)"] += 1
+        self.fault_hit("worker pause")
         if op is not None:
             self.counts["worker pauses while a tool ran"] += 1
+            if op_depth(op) > 0:
+                self.counts["worker pauses while a child run's tool ran"] += 1
         log_from = w.log.stat().st_size if w.log.exists() else 0
         held: dict[str, int] | None = None
         now: dict[str, int] | None = None
@@ -289,6 +322,9 @@ class Chaos:
             self.counts["pauses of a worker that held no run"] += 1
             return
         self.counts["runs held by a worker when it was paused"] += len(held)
+        held_children = await self.child_runs_among(list(held))
+        if held_children:
+            self.counts["pauses of a worker that held a child run lease"] += 1
         if now is None:
             self.counts["pauses whose takeovers were not observed (Redis down at SIGCONT)"] += 1
             return
@@ -299,6 +335,7 @@ class Chaos:
                 f"{woke}, fence {held[r]}->{now[r]}"
             )
         self.counts["takeovers (fence moved on while the holder was stopped)"] += len(taken)
+        self.counts["takeovers of child runs"] += len(set(taken) & set(held_children))
         if taken:
             self.counts["pauses with a takeover"] += 1
         if op is not None and taken:

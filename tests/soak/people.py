@@ -2,8 +2,9 @@
 
 :class:`SoakSlack` is the fake Slack, indexing what the people see: the replies to each
 response_url, the forms opened, the buttons each gate's card shows. The plans are the runs the
-requester asks for (each with a scripted model conversation). :class:`People` starts runs
-through signed ``/agent`` commands, watches Redis for runs and gates, and gives every gate its
+requester asks for (each with a scripted model conversation, and one for each child run its
+sub-agent calls start). :class:`People` starts runs through signed ``/agent`` commands, watches
+Redis for runs, their child runs (each parent's children set) and gates, and gives every gate its
 seeded fate: approve, deny (button then modal), expire (sometimes a late click), a double
 click, an approve/deny race, or a cancel. A person whose click did not take clicks again; a
 click acknowledged and then lost is noted.
@@ -12,11 +13,13 @@ click acknowledged and then lost is noted.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
@@ -35,6 +38,7 @@ from tests.soak.config import (
     REQUESTER,
     SEED,
 )
+from tests.soak.soak_agent import MAX_DEPTH, SUB_AGENT_TOOLS
 
 
 class SoakSlack(FakeSlack):
@@ -79,6 +83,7 @@ class CallPlan:
     tool: str
     op: str
     args: dict[str, Any]
+    child: RunPlan | None = None  # a sub-agent call: the child run it should start
 
 
 @dataclass
@@ -91,6 +96,35 @@ class RunPlan:
     acked_at: float | None = None
     reply_name: str = ""
     abandoned: bool = False  # acknowledged or not, it never became a run (yet)
+    depth: int = 0  # 0: started by /agent; 1, 2: a child run (a sub-agent's)
+    parent_op: str = ""  # a child run's: the op of the parent's call that starts it
+
+    def descendants(self) -> Iterator[RunPlan]:
+        """The child plans of this plan's sub-agent calls, and theirs."""
+        for turn in self.turns:
+            for c in turn:
+                if c.child is not None:
+                    yield c.child
+                    yield from c.child.descendants()
+
+    def calls(self) -> Iterator[CallPlan]:
+        """Every call of this plan and of its descendants."""
+        for plan in (self, *self.descendants()):
+            for turn in plan.turns:
+                yield from turn
+
+
+@dataclass
+class ChildRun:
+    """A child run found in Redis (a member of its parent's children set)."""
+
+    run_id: str
+    parent: str  # the parent run's id
+    parent_call: str  # the parent's tool-call id
+    task: str
+    depth: int
+    top: str  # the run id of the top-level run above it
+    plan: RunPlan | None  # None: a task no plan of the soak names (a violation)
 
 
 @dataclass
@@ -101,6 +135,7 @@ class Click:
     status: int  # HTTP status, 0 when the request failed
     reply_name: str
     sent_unix: float = field(default_factory=time.time)
+    target: str = ""  # a cancel's: the run it cancels
 
 
 @dataclass
@@ -112,25 +147,73 @@ class GateRecord:
     fate: str
     deadline: float  # unix seconds
     clicks: list[Click] = field(default_factory=list)
+    depth: int = 0  # of its run: > 0 for a nested gate (a sub-agent's)
+    cancel_run: str = ""  # the run a "cancel" fate cancels (default: the gate's own)
 
     def sent(self, kind: str) -> bool:
         return any(c.kind == kind for c in self.clicks)
 
 
-def plan_run(rng: random.Random, index: int, attempt: int) -> RunPlan:
-    task = f"soak {SEED} run {index} try {attempt}"
+SUB_SHARE = 0.28  # the share of runs whose model calls a sub-agent
+DEEPER_SHARE = 0.35  # the share of sub-agent runs that call the sub-sub-agent
+GATED_SUB_SHARE = 0.3  # the share of sub-agent calls made through the gated tool
+PLAIN = ["act", "slow_act", "resync", "peek"]
+PLAIN_WEIGHTS = [55, 15, 10, 20]
+
+
+def op_depth(op: str) -> int:
+    """The depth of the run that makes the call ``op``: ``index.attempt.turn.call`` at the
+    top, and ``<op of the sub-agent call>.turn.call`` below."""
+    return (op.count(".") - 3) // 2
+
+
+def plain_call(rng: random.Random, op: str) -> CallPlan:
+    tool = rng.choices(PLAIN, PLAIN_WEIGHTS)[0]
+    args: dict[str, Any] = {"op": op}
+    if tool == "slow_act":
+        args["seconds"] = round(rng.uniform(0.2, 1.5), 2)
+    return CallPlan(tool, op, args)
+
+
+def sub_call(rng: random.Random, op: str, depth: int) -> CallPlan:
+    """A call (by a run at ``depth``) of the sub-agent one level down, and the child's plan:
+    its task is the call's ``task`` argument, which the fake model is scripted by."""
+    ungated, gated = SUB_AGENT_TOOLS[depth]
+    tool = gated if rng.random() < GATED_SUB_SHARE else ungated
+    task = f"soak-{SEED} sub {op}"
+    deeper = depth + 1 < MAX_DEPTH and rng.random() < DEEPER_SHARE
+    child = RunPlan(
+        -1, 0, task, plan_turns(rng, op, depth + 1, deeper), depth=depth + 1, parent_op=op
+    )
+    return CallPlan(tool, op, {"task": task}, child)
+
+
+def plan_turns(rng: random.Random, prefix: str, depth: int, with_sub: bool) -> list[list[CallPlan]]:
+    """1-3 model turns (1-2 below the top) of 1-2 calls; with ``with_sub``, one turn calls
+    the sub-agent one level down (sometimes twice: two children at once)."""
+    n_turns = rng.choice([1, 1, 2, 2, 3] if depth == 0 else [1, 1, 2])
+    sub_turn = rng.randrange(n_turns) if with_sub else -1
     turns: list[list[CallPlan]] = []
-    for t in range(rng.choice([1, 1, 2, 2, 3])):
+    for t in range(n_turns):
+        n_calls = rng.choice([1, 1, 2, 2] if t == sub_turn else [1, 1, 1, 2])
+        sub_at = rng.randrange(n_calls) if t == sub_turn else -1
         turn = []
-        for k in range(rng.choice([1, 1, 1, 2])):
-            op = f"{index}.{attempt}.{t}.{k}"
-            tool = rng.choices(["act", "slow_act", "resync", "peek"], [55, 15, 10, 20])[0]
-            args: dict[str, Any] = {"op": op}
-            if tool == "slow_act":
-                args["seconds"] = round(rng.uniform(0.2, 1.5), 2)
-            turn.append(CallPlan(tool, op, args))
+        for k in range(n_calls):
+            op = f"{prefix}.{t}.{k}"
+            if k == sub_at or (t == sub_turn and rng.random() < 0.2):
+                turn.append(sub_call(rng, op, depth))
+            else:
+                turn.append(plain_call(rng, op))
         turns.append(turn)
-    return RunPlan(index, attempt, task, turns)
+    return turns
+
+
+def plan_run(rng: random.Random, index: int, attempt: int) -> RunPlan:
+    # Not "soak …": a first word naming an agent picks that agent, and leaves the rest as
+    # the task (bot.directory.AgentDirectory.route), which no script would match.
+    task = f"soak-{SEED} run {index} try {attempt}"
+    with_sub = rng.random() < SUB_SHARE
+    return RunPlan(index, attempt, task, plan_turns(rng, f"{index}.{attempt}", 0, with_sub))
 
 
 def script_of(plan: RunPlan) -> list[Step]:
@@ -140,8 +223,12 @@ def script_of(plan: RunPlan) -> list[Step]:
             steps.append(call(turn[0].tool, turn[0].args))
         else:
             steps.append(calls([(c.tool, c.args) for c in turn]))
-    steps.append(reply(f"final answer of {plan.task}"))
+    steps.append(reply(final_answer(plan.task)))
     return steps
+
+
+def final_answer(task: str) -> str:
+    return f"final answer of {task}"
 
 
 class People:
@@ -161,7 +248,12 @@ class People:
     gates: dict[str, GateRecord]
     ops: dict[str, CallPlan]
     finished: set[str]
+    child_plans: dict[str, RunPlan]  # a child run's task -> its plan
+    children: dict[str, ChildRun]  # child run id -> what the soak learnt of it
+    finished_children: set[str]  # child run ids seen finished
+    parent_waits: dict[str, float]  # run id -> since when it waits with no reason to
     lost: list[str]  # acknowledged requests whose effect never happened
+    runs_log: Path
     loading: bool
     _n: int
 
@@ -212,19 +304,23 @@ class People:
             if not self.loading:
                 return
             plan = plan_run(rng, index, attempt)
+            # The children's scripts first: a child can start as soon as the run does.
+            for child in plan.descendants():
+                self.model.script(child.task, script_of(child))
+                self.child_plans[child.task] = child
             self.model.script(plan.task, script_of(plan))
-            for turn in plan.turns:
-                for c in turn:
-                    self.ops[c.op] = c
+            for c in plan.calls():
+                self.ops[c.op] = c
             self.runs[plan.task] = plan
             plan.reply_name = self.reply_name("cmd")
             sent = time.monotonic()
             status = await self.send(
-                lambda p=plan: self.client.command(
-                    p.task,
+                functools.partial(
+                    self.client.command,
+                    plan.task,
                     user_id=REQUESTER,
                     channel_id=CHANNEL,
-                    response_url=self.slack.response_url(p.reply_name),
+                    response_url=self.slack.response_url(plan.reply_name),
                 )
             )
             if status == 200:
@@ -254,8 +350,25 @@ class People:
             await asyncio.sleep(0.2)
         return plan.run_id is not None
 
+    def log_run(self, line: str) -> None:
+        with self.runs_log.open("a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def open_children(self) -> list[str]:
+        """The child runs found and not yet seen finished."""
+        return [c for c in self.children if c not in self.finished_children]
+
+    def op_of(self, args: dict[str, Any]) -> str:
+        """The op of a call by its arguments: its ``op``, or for a sub-agent call the op the
+        plan gave it (its ``task`` names the child plan)."""
+        if "op" in args:
+            return str(args["op"])
+        plan = self.child_plans.get(str(args.get("task")))
+        return plan.parent_op if plan is not None else f"?{args}"
+
     async def watcher(self) -> None:
-        """Learns run ids and new gates from Redis, and spawns each gate's fate."""
+        """Learns run ids (child runs too) and new gates from Redis, and spawns each gate's
+        fate."""
         known_ids: set[str] = set()
         while True:
             ids = []
@@ -272,36 +385,110 @@ class People:
                 plan.run_id = run_id
                 plan.abandoned = False
                 self.by_run_id[run_id] = plan
+                self.log_run(f"run {run_id}: {task}")
             open_ids = [p.run_id for p in self.by_run_id.values() if p.task not in self.finished]
-            for run_id in open_ids:
+            for run_id in [*open_ids, *self.open_children()]:
                 assert run_id is not None
                 await self.look_at_run(run_id)
             await asyncio.sleep(0.25)
+
+    async def find_children(self, run_id: str) -> list[str] | None:
+        """The run's child runs (recording the new ones); None while Redis is down."""
+        members = await self.safely(self.redis.smembers(self.keys.children(run_id)))
+        if members is None:
+            return None
+        for cid in sorted(members):
+            if cid in self.children:
+                continue
+            got = await self.safely(
+                self.redis.hmget(self.keys.run(cid), ["task", "parent_call", "depth"])
+            )
+            if got is None or got[0] is None:
+                return None
+            task, parent_call, depth = got
+            parent = self.children.get(run_id)
+            plan = self.child_plans.get(task)
+            if plan is not None and plan.run_id is None:
+                plan.run_id = cid
+            self.log_run(f"run {cid}: {task} (depth {depth}, parent {run_id}, call {parent_call})")
+            self.children[cid] = ChildRun(
+                cid,
+                run_id,
+                parent_call or "",
+                task,
+                int(depth or 0),
+                parent.top if parent is not None else run_id,
+                plan,
+            )
+        return sorted(members)
 
     async def look_at_run(self, run_id: str) -> None:
         run = await self.safely(self.gateway.get_run(run_id))
         if run is None:
             return
+        child = self.children.get(run_id)
         if run.status.finished:
-            self.finished.add(self.by_run_id[run_id].task)
+            # Read after the status: a finished run starts no more children.
+            if await self.find_children(run_id) is None:
+                return
+            if child is not None:
+                self.finished_children.add(run_id)
+            else:
+                self.finished.add(self.by_run_id[run_id].task)
+            self.parent_waits.pop(run_id, None)
             return
-        for gate in await self.safely(self.gateway.gates(run_id), []):
+        gates = await self.safely(self.gateway.gates(run_id))
+        if gates is None:
+            return
+        for gate in gates:
             if gate.gate_id in self.gates:
                 continue
-            op = str(gate.args.get("op"))
+            op = self.op_of(gate.args)
             fate = random.Random(f"{SEED}:{op}").choices(FATES, FATE_WEIGHTS)[0]
             rec = GateRecord(gate.gate_id, run_id, op, gate.tool, fate, gate.deadline)
+            if child is not None:
+                rec.depth = child.depth
+                # Cancel the top run (its cascade reaches this one), the gate's own run's
+                # parent, or the gate's own run (its parent is told it was cancelled).
+                r = random.Random(f"{SEED}:{op}:cancel").random()
+                rec.cancel_run = child.top if r < 0.6 else child.parent if r < 0.8 else run_id
             self.gates[gate.gate_id] = rec
             self.counts[f"fate: {fate}"] += 1
+            if child is not None:
+                self.counts[f"nested fate: {fate}"] += 1
             self.spawn(self.decide(rec))
+        kids = await self.find_children(run_id)
+        if kids:
+            await self.watch_wait(run_id, run.status.value, gates, kids)
+
+    async def watch_wait(self, run_id: str, status: str, gates: list[Any], kids: list[str]) -> None:
+        """How long a parent waits for approval with none of its gates pending and every
+        child finished (the last child's report should have resumed it): the longest such
+        wait is counted. A parent still waiting so at the end is a violation (verdict)."""
+        waiting = status == "awaiting_approval" and not any(
+            g.status.value == "pending" for g in gates
+        )
+        if waiting:
+            for kid in kids:
+                st = await self.safely(self.redis.hget(self.keys.run(kid), "status"))
+                if st not in ("completed", "failed", "cancelled"):
+                    waiting = False
+                    break
+        if not waiting:
+            self.parent_waits.pop(run_id, None)
+            return
+        since = self.parent_waits.setdefault(run_id, time.monotonic())
+        key = "longest wait of a parent whose children had all finished (s)"
+        self.counts[key] = max(self.counts[key], round(time.monotonic() - since))
 
     # ------------------------------------------------------------------ decisions
     async def gate_status(self, gate_id: str) -> str | None:
         issued = time.monotonic()
         st = await self.safely(self.redis.hget(self.keys.gate(gate_id), "status"))
-        if st is not None:
-            self.saw(gate_id, str(st), "read from Redis", issued)
-        return st
+        if st is None:
+            return None
+        self.saw(gate_id, str(st), "read from Redis", issued)
+        return str(st)
 
     async def button(self, rec: GateRecord, action: str, wait: float) -> str | None:
         """The value of the card's button as a person sees it (waits for the card)."""
@@ -366,16 +553,26 @@ class People:
 
     async def cancel(self, rec: GateRecord) -> None:
         name = self.reply_name("cancel")
+        target = rec.cancel_run or rec.run_id
         sent = time.monotonic()
         status = await self.send(
             lambda: self.client.command(
-                f"cancel {rec.run_id}",
+                f"cancel {target}",
                 user_id=REQUESTER,
                 channel_id=CHANNEL,
                 response_url=self.slack.response_url(name),
             )
         )
-        rec.clicks.append(Click("cancel", REQUESTER, sent, status, name))
+        rec.clicks.append(Click("cancel", REQUESTER, sent, status, name, target=target))
+        if rec.depth:
+            whose = (
+                "its own (child) run"
+                if target == rec.run_id
+                else "its parent (a child run)"
+                if target in self.children
+                else "the top run"
+            )
+            self.counts[f"cancels sent for a nested gate: {whose}"] += 1
 
     async def decide(self, rec: GateRecord) -> None:
         rng = random.Random(f"{SEED}:{rec.op}:timing")

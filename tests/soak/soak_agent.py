@@ -1,5 +1,11 @@
 """The agent of ``tests/soak/test_soak.py`` (``AGENT=tests.soak.soak_agent:agent``).
 
+The top agent (``soak``) has a sub-agent (``soak_helper``), and that one a sub-sub-agent
+(``soak_deep``): each has the same gated and un-gated tools, and reaches the next level through
+an un-gated tool (``helper``, ``deep``) or a gated one (``helper_gated``, ``deep_gated``). A call
+of one of those runs the sub-agent as a child run whose first user message is the call's
+``task`` (the soak scripts its fake model by that text).
+
 Every tool appends ``start <tool> <op> <pid>`` before its side effect and ``end <tool> <op>
 <pid>`` after it to the file named by ``SOAK_JOURNAL``. ``op`` is unique per scripted call, so
 the soak can count how many times each call really ran, across processes that are SIGKILLed
@@ -58,10 +64,39 @@ def peek(op: str) -> str:
     return f"did {op}"
 
 
+TOOLS = [act, slow_act, resync, peek]
+
+deep_agent = Agent(
+    name="soak_deep",
+    instructions="You are the soak test's sub-sub-agent.",
+    description="The soak's sub-sub-agent (depth 2).",
+    tools=TOOLS,
+)
+
+helper_agent = Agent(
+    name="soak_helper",
+    instructions="You are the soak test's sub-agent.",
+    description="The soak's sub-agent (depth 1).",
+    tools=[
+        *TOOLS,
+        deep_agent.as_tool(name="deep"),
+        deep_agent.as_tool(name="deep_gated", requires_approval=True),
+    ],
+)
+
 agent = Agent(
     name="soak",
     instructions="You are the soak test's agent.",
-    tools=[act, slow_act, resync, peek],
+    tools=[
+        *TOOLS,
+        helper_agent.as_tool(name="helper"),
+        helper_agent.as_tool(name="helper_gated", requires_approval=True),
+    ],
 )
 
 IDEMPOTENT = frozenset({"resync"})
+# Sub-agent tools by the depth of the run that calls them: (un-gated, gated).
+SUB_AGENT_TOOLS = {0: ("helper", "helper_gated"), 1: ("deep", "deep_gated")}
+SUB_AGENTS = frozenset(t for pair in SUB_AGENT_TOOLS.values() for t in pair)
+GATED_SUB_AGENTS = frozenset(gated for _, gated in SUB_AGENT_TOOLS.values())
+MAX_DEPTH = len(SUB_AGENT_TOOLS)  # the deepest child run the soak starts

@@ -7,7 +7,12 @@ in this process. The agent (``tests/soak/soak_agent.py``) has gated tools (one s
 idempotent) and an un-gated one; each journals ``start``/``end`` with a unique op id.
 
 Load: runs start through signed ``/agent`` slash commands; each run makes 1-3 model turns of
-1-2 tool calls. Every gate gets a seeded random fate: approve, deny (the Deny button, then the
+1-2 tool calls. About 28% of the runs call the sub-agent (``helper``, or ``helper_gated``
+behind a gate of its own; sometimes twice in one turn): it runs as a child run with 1-2 turns
+of the same tools, and about a third of those call the sub-sub-agent (``deep``/``deep_gated``,
+depth 2). Each child is scripted by its task (the ``task`` argument of the parent's call).
+Nested gates are decided like the others; a nested gate's "cancel" fate cancels the top run,
+the child's parent or the child itself. Every gate gets a seeded random fate: approve, deny (the Deny button, then the
 modal's submission), expire (nobody answers; sometimes a click arrives after the deadline), a
 double click, an approve/deny race between two approvers, or a cancelled run. One worker opens
 gates with ``APPROVAL_TIMEOUT=3`` s, the other with 12 s. Clicks are signed and sent to ``web``
@@ -27,7 +32,20 @@ A consumer group of the soak's own (``soak-audit``) reads every event: a second
 or a second end for one run is a violation; so is a gate seen decided and later pending (or
 decided otherwise) by any of the soak's reads.
 
-Afterwards (chaos stopped, every process up again, the load drained):
+Afterwards (chaos stopped, every process up again, the load drained, child runs included),
+every run at every depth is read from Redis (the top runs, then each parent's children set)
+and the checks below hold for all of them; and for sub-agents:
+
+- a sub-agent call started at most one child run (a gated one none unless approved);
+- every finished child's outcome (its final answer, or the failure or cancel text) is its
+  parent call's result in the parent's turn, and every finished parent's history answers the
+  call with exactly that, once; never empty, never missing;
+- a cancelled or failed run has no child still running or awaiting approval;
+- no parent is left ``awaiting_approval`` with no gate pending and all its children finished
+  (the longest such wait seen while the soak ran is printed);
+- a nested gate was cancelled only if its run or one above it was cancelled (or failed).
+
+The rest, at every depth:
 
 - every run is completed (possibly reporting an in-doubt call), failed with a reason, or
   cancelled; the model was told the truth about every call (output, declined, timed out,
@@ -46,7 +64,8 @@ Known issues (each has a strict xfail test, see KNOWN below) are counted apart a
 soak only with ``SOAK_STRICT=1`` — or once their xfail mark is gone from the test that pins
 them (the fix landed: from then on they are violations). ``SOAK_SECONDS`` (default 600) is
 the length of the chaos phase; ``SOAK_SEED`` reproduces the random choices (the seed is
-printed).
+printed). A second summary line counts child runs, nested gates and decisions, the parent
+results checked, and the faults that hit while a child run was active.
 
 The parts: ``config.py`` (what the modules share: the seed, who is who, the fates);
 ``chaos.py`` (the processes and the faults); ``people.py`` (the fake Slack, the plans, the
@@ -80,7 +99,7 @@ from bot.testing import SlackClient
 from tests.redis_server import RedisServer, free_port
 from tests.soak.chaos import Chaos, Proc
 from tests.soak.config import APPROVER, APPROVER2, AUDIT_GROUP, REPO, SEED
-from tests.soak.people import CallPlan, GateRecord, People, RunPlan, SoakSlack
+from tests.soak.people import CallPlan, ChildRun, GateRecord, People, RunPlan, SoakSlack
 from tests.soak.verdict import Verdict
 
 SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS") or 600)
@@ -152,6 +171,10 @@ class Soak(People, Chaos, Verdict):
         self.gates: dict[str, GateRecord] = {}
         self.ops: dict[str, CallPlan] = {}
         self.finished: set[str] = set()
+        self.child_plans: dict[str, RunPlan] = {}  # a child run's task -> its plan
+        self.children: dict[str, ChildRun] = {}  # child run id -> what the soak learnt
+        self.finished_children: set[str] = set()
+        self.parent_waits: dict[str, float] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.web_kills: list[float] = []
         self.redis_outages: list[tuple[float, float]] = []
@@ -167,6 +190,7 @@ class Soak(People, Chaos, Verdict):
         self.decided_events: Counter[str] = Counter()  # gate id -> gate.decided events
         self.executed_events: Counter[str] = Counter()  # run id/call id -> tool.executed
         self.end_events: Counter[str] = Counter()  # run id -> run.completed/failed/cancelled
+        self.cancelled_events: dict[str, dict[str, Any]] = {}  # run id -> run.cancelled data
         self.audited: set[tuple[str, str]] = set()  # (stream, event id) already looked at
         self.running_tools: dict[str, tuple[str, int]] = {}  # op -> (tool, pid), not ended
         self._journal_at = 0
@@ -174,6 +198,7 @@ class Soak(People, Chaos, Verdict):
         # run id -> "worker1 pid 123 stopped 12:00:00,000-12:00:04,000, fence 3->4" per takeover
         self.takeovers: dict[str, list[str]] = {}
         self.chaos_log = tmp / "chaos.log"  # every fault, timestamped like the process logs
+        self.runs_log = tmp / "runs.log"  # every run found, child runs with their parent
         self.loading = True
         self.chaos = True
         self.redis = create_redis(redis_server.url, socket_timeout=5.0)
@@ -271,7 +296,11 @@ class Soak(People, Chaos, Verdict):
             drained_at = time.monotonic() + DRAIN_SECONDS
             while time.monotonic() < drained_at:
                 started = [p for p in self.runs.values() if p.run_id is not None]
-                if all(p.task in self.finished for p in started) and not self.tasks:
+                if (
+                    all(p.task in self.finished for p in started)
+                    and not self.open_children()
+                    and not self.tasks
+                ):
                     break
                 await asyncio.sleep(0.5)
             self.counts["drain seconds"] = round(time.monotonic() - drained_at + DRAIN_SECONDS)
@@ -359,10 +388,28 @@ async def test_soak(tmp_path: Path) -> None:
         f"Redis restarts={counts['Redis SIGKILLs (restarted from the AOF)']}, "
         f"in-doubt calls={counts['calls in doubt']}, violations={len(violations)}"
     )
+    child_faults = sum(
+        v for k, v in counts.items() if k.startswith("faults while a child run was active:")
+    )
+    print(
+        f"soak sub-agents (seed {SEED}): child runs={counts['child runs']} "
+        f"(depth 1 {counts['child runs at depth 1']}, depth 2 {counts['child runs at depth 2']}; "
+        f"{counts['child runs completed']} completed, {counts['child runs failed']} failed, "
+        f"{counts['child runs cancelled']} cancelled), "
+        f"nested gates={counts['nested gates']}, "
+        f"nested decisions={counts['nested decisions (nested gates decided)']}, "
+        f"parent results checked={counts['sub-agent results checked (parent call = child outcome)']}, "
+        f"faults while a child was active={child_faults} "
+        f"(worker SIGKILLs holding a child's lease "
+        f"{counts['worker SIGKILLs while it held a child run lease']}, "
+        f"pauses holding one {counts['pauses of a worker that held a child run lease']}, "
+        f"child takeovers {counts['takeovers of child runs']})"
+    )
     for v in violations[:40]:
         print(f"    {v}")
-    print(f"  logs (worker0, worker1, web, journal): {tmp_path}")
+    print(f"  logs (worker0, worker1, web, journal, chaos, runs): {tmp_path}")
     assert counts["runs"] >= 10, "too few runs to mean anything"
+    assert counts["child runs"], "no run called a sub-agent"
     assert counts["worker SIGKILLs"] and counts["Redis SIGKILLs (restarted from the AOF)"] >= 2
     assert pauses, "no worker was paused"
     assert counts["gates approved"] and counts["gates denied"], "no click decided anything"

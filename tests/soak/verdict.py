@@ -3,8 +3,11 @@
 Along the way: every event is read through the soak's own consumer group (``soak-audit``) and
 a second ``gate.opened``/``gate.decided`` for a gate, a second ``tool.executed`` for a call or
 a second end for a run is a violation; so is a gate seen decided and later pending (or decided
-otherwise). Afterwards, :meth:`Verdict.verdict` checks every run, call, gate, card and log
-against what the people asked for and what the tools' journal says ran.
+otherwise). Afterwards, :meth:`Verdict.verdict` checks every run at every depth (read from
+Redis: the top runs and their children sets), call, gate, card and log against what the people
+asked for and what the tools' journal says ran; and that every sub-agent call's result is its
+child's outcome, that cancelled parents leave no child running, and that no parent waits with
+nothing left to wait for. The sub-agent invariants are numbered (1)-(4) in the violations.
 """
 
 from __future__ import annotations
@@ -16,19 +19,40 @@ import re
 import time
 from collections import Counter
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from agent_core import Gateway, Keys, RunStatus
+from agent_core import Gateway, Keys, RunStatus, messages
 from agent_core.testing import FakeOpenAI
 from bot import cards
 from tests.soak.chaos import Proc
 from tests.soak.config import AUDIT_GROUP
-from tests.soak.people import CallPlan, GateRecord, RunPlan, SoakSlack
-from tests.soak.soak_agent import IDEMPOTENT
+from tests.soak.people import CallPlan, ChildRun, GateRecord, RunPlan, SoakSlack, op_depth
+from tests.soak.soak_agent import GATED_SUB_AGENTS, IDEMPOTENT, SUB_AGENTS
+
+
+@dataclass
+class RunNode:
+    """A run at any depth as the verdict reads it from Redis at the end."""
+
+    run_id: str
+    h: dict[str, str]  # its hash
+    depth: int
+    plan: RunPlan | None
+    parent: str  # "" for a top run
+    kids: list[str]  # its child runs' ids
+
+    @property
+    def status(self) -> str:
+        return self.h.get("status", "")
+
+    @property
+    def task(self) -> str:
+        return self.h.get("task", "")
 
 
 class Verdict:
@@ -45,6 +69,9 @@ class Verdict:
     runs: dict[str, RunPlan]
     gates: dict[str, GateRecord]
     ops: dict[str, CallPlan]
+    child_plans: dict[str, RunPlan]
+    children: dict[str, ChildRun]
+    finished_children: set[str]
     lost: list[str]
     error_kinds: Counter[str]
     orphans: set[str]
@@ -55,6 +82,7 @@ class Verdict:
     decided_events: Counter[str]
     executed_events: Counter[str]
     end_events: Counter[str]
+    cancelled_events: dict[str, dict[str, Any]]
     audited: set[tuple[str, str]]
     takeovers: dict[str, list[str]]
     workers: list[Proc]
@@ -65,6 +93,8 @@ class Verdict:
         async def safely(self, coro: Awaitable[Any], default: Any = None) -> Any: ...
 
         async def gate_status(self, gate_id: str) -> str | None: ...
+
+        def op_of(self, args: dict[str, Any]) -> str: ...
 
     # ------------------------------------------------------------------ events audit
     def saw(self, gate_id: str, status: str, how: str, issued: float) -> None:
@@ -153,6 +183,10 @@ class Verdict:
                 bad(f"call {key} ({data.get('tool')}): tool.executed twice (event {msg_id})")
         elif kind in ("run.completed", "run.failed", "run.cancelled"):
             self.end_events[run_id] += 1
+            if kind == "run.cancelled":
+                self.cancelled_events[run_id] = {
+                    k: data.get(k) for k in ("by", "never_ran", "running")
+                } | {"event": msg_id, "parent_run": (data.get("origin") or {}).get("parent_run")}
             if self.end_events[run_id] > 1:
                 bad(f"run {run_id}: a second end event, {kind} (event {msg_id})")
 
@@ -205,8 +239,10 @@ class Verdict:
                 ),
                 {},
             )
-            msg = self.slack.message(card.get("channel", ""), card.get("ts", "")) if card else None
-            if msg is None:
+            shown = (
+                self.slack.message(card.get("channel", ""), card.get("ts", "")) if card else None
+            )
+            if shown is None:
                 problems.append(f"gate {gate_id} ({st}) has no card")
                 continue
             word = {
@@ -215,9 +251,20 @@ class Verdict:
                 "expired": "Expired",
                 "cancelled": "Cancelled",
             }.get(st, "Approval needed")
-            if not msg.text.startswith(word):
-                problems.append(f"card of {st} gate {gate_id} says {msg.text[:40]!r}")
-            if st == "approved" and "Running" in json.dumps(msg.blocks):
+            if not shown.text.startswith(word):
+                problems.append(f"card of {st} gate {gate_id} says {shown.text[:40]!r}")
+            if st == "approved" and "Running" in json.dumps(shown.blocks):
+                if self.is_sub_call(rec.op):
+                    kids = [
+                        c.run_id
+                        for c in self.children.values()
+                        if c.plan is not None and c.plan.parent_op == rec.op
+                    ]
+                    if any(k in self.finished_children for k in kids):
+                        problems.append(f"card of {rec.op} still says Running… (its child ended)")
+                        continue
+                    if kids:
+                        continue  # the child runs: its outcome comes when it ends
                 if starts[rec.op]:
                     problems.append(f"card of {rec.op} still says Running… (it ran)")
                 else:  # fixed in f742387: an approved call of a cancelled run never runs
@@ -225,125 +272,292 @@ class Verdict:
                         self.redis.hget(self.keys.run(rec.run_id), "status")
                     )
                     if run_status in ("cancelled", "failed", "completed"):
-                        problems.append(f"card of {rec.op} says Running…; it never ran")
+                        problems.append(
+                            f"card of {rec.op} says Running…; it never ran "
+                            f"[{self.where_gate(rec)}, run {run_status}, "
+                            f"run.cancelled {self.cancelled_events.get(rec.run_id)}]"
+                        )
         return problems
+
+    async def run_tree(self) -> dict[str, RunNode]:
+        """Every run at every depth, read from Redis: the top runs of the plans, then their
+        children (each parent's children set), breadth first."""
+        tree: dict[str, RunNode] = {}
+        queue: list[tuple[str, RunPlan | None, str, int]] = [
+            (p.run_id, p, "", 0) for p in self.runs.values() if p.run_id is not None
+        ]
+        while queue:
+            run_id, plan, parent, depth = queue.pop(0)
+            if run_id in tree:
+                continue
+            h = await self.redis.hgetall(self.keys.run(run_id))
+            kids = sorted(await self.redis.smembers(self.keys.children(run_id)))
+            tree[run_id] = RunNode(run_id, h, depth, plan, parent, kids)
+            for kid in kids:
+                task = await self.redis.hget(self.keys.run(kid), "task")
+                queue.append((kid, self.child_plans.get(task or ""), run_id, depth + 1))
+        return tree
+
+    @staticmethod
+    def outcome(node: RunNode) -> str | None:
+        """What a finished child run tells its parent's call (None while it runs)."""
+        agent = node.h.get("agent", "")
+        if node.status == "completed":
+            return node.h.get("final", "")
+        if node.status == "failed":
+            return messages.sub_agent_failed(agent, node.h.get("error", ""))
+        if node.status == "cancelled":
+            return messages.sub_agent_cancelled(agent, node.h.get("cancelled_by", ""))
+        return None
+
+    def ancestry(self, tree: dict[str, RunNode], run_id: str) -> list[str]:
+        """The run, its parent, …, its top run."""
+        out = [run_id]
+        while (node := tree.get(out[-1])) is not None and node.parent:
+            out.append(node.parent)
+        return out
 
     async def verdict(self) -> tuple[list[str], Counter[str]]:
         violations: list[str] = []
+        bad = violations.append
         # The rest of the events: our own pending entries, then what was never delivered.
         for start in ("0", ">"):
             while await self.audit_once(start, block=None):
                 pass
         starts = self.journal_starts()
+        tree = await self.run_tree()
+        finished = ("completed", "failed", "cancelled")
+
+        # Gates the people never saw (opened and closed between two looks): checked too.
+        for node in tree.values():
+            for gate in await self.gateway.gates(node.run_id):
+                if gate.gate_id not in self.gates:
+                    op = self.op_of(gate.args)
+                    rec = GateRecord(
+                        gate.gate_id, node.run_id, op, gate.tool, "unseen", gate.deadline
+                    )
+                    rec.depth = node.depth
+                    self.gates[gate.gate_id] = rec
+                    self.counts["gates the people never saw (no fate given)"] += 1
         gates_by_op = {g.op: g for g in self.gates.values()}
+        gate_status = {gid: await self.gate_status(gid) for gid in self.gates}
         told_op: dict[str, str] = {}  # op -> what the model was told
+
+        # Sub-agent calls: the child runs each started (at most one: invariant 1).
+        spawned: dict[str, list[str]] = {}  # op of the sub-agent call -> child run ids
+        for node in tree.values():
+            if not node.parent:
+                continue
+            if node.plan is None:
+                bad(f"child run {node.run_id} has a task no plan names: {node.task!r}")
+                continue
+            spawned.setdefault(node.plan.parent_op, []).append(node.run_id)
+            if node.h.get("depth") != str(node.depth) or node.h.get("parent") != node.parent:
+                bad(
+                    f"child run {node.run_id}: depth {node.h.get('depth')} parent "
+                    f"{node.h.get('parent')}, found at depth {node.depth} under {node.parent}"
+                )
+        for op, ids in spawned.items():
+            if len(ids) > 1:
+                bad(f"(1) sub-agent call {op} started {len(ids)} child runs: {ids}")
+
+        def ran(op: str) -> int:
+            """How many times the call ran: its tool's starts, or its child runs."""
+            return len(spawned.get(op, [])) if self.is_sub_call(op) else starts[op]
 
         for op, n in starts.items():
             tool = self.ops[op].tool if op in self.ops else "?"
             if n > 1 and tool not in IDEMPOTENT:
-                violations.append(f"{tool} {op} ran {n} times")
-        runs = [p for p in self.runs.values() if p.run_id is not None]
-        self.counts["runs"] = len(runs)
-        for plan in runs:
-            assert plan.run_id is not None
-            run = await self.gateway.get_run(plan.run_id)
+                depth = op_depth(op)
+                bad(f"{tool} {op} ran {n} times" + (f" (in a depth-{depth} run)" if depth else ""))
+        self.counts["runs"] = sum(1 for n in tree.values() if not n.parent)
+        self.counts["child runs"] = sum(1 for n in tree.values() if n.parent)
+        self.counts["runs whose model called a sub-agent"] = sum(
+            1 for n in tree.values() if not n.parent and n.kids
+        )
+
+        for node in tree.values():
+            run = await self.gateway.get_run(node.run_id)
+            where = f"run {node.run_id}" + (f" (depth {node.depth})" if node.depth else "")
             if run is None:
-                violations.append(f"run {plan.run_id} vanished")
+                bad(f"{where} vanished")
                 continue
-            self.counts[f"runs {run.status.value}"] += 1
+            if node.parent:
+                self.counts[f"child runs at depth {node.depth}"] += 1
+                self.counts[f"child runs {run.status.value}"] += 1
+            else:
+                self.counts[f"runs {run.status.value}"] += 1
+            kids = [tree[k] for k in node.kids if k in tree]
             if not run.status.finished:
-                violations.append(f"run {run.run_id} is still {run.status.value}")
+                detail = ""
+                if kids and run.status is RunStatus.AWAITING_APPROVAL:
+                    open_gates = [
+                        g
+                        for g in self.gates.values()
+                        if g.run_id == node.run_id and gate_status.get(g.gate_id) == "pending"
+                    ]
+                    if not open_gates and all(k.status in finished for k in kids):
+                        detail = (
+                            f" (4): no gate pending and all {len(kids)} children finished "
+                            f"({', '.join(f'{k.run_id} {k.status}' for k in kids)}; "
+                            f"children_pending={node.h.get('children_pending')}, "
+                            f"pending={node.h.get('pending')})"
+                        )
+                bad(f"{where} is still {run.status.value}{detail}")
+            if int(node.h.get("children_pending") or 0) < 0:
+                # A cancel zeroes it, then each child's cancel reports (and counts down).
+                self.counts[f"{run.status.value} parents left with children_pending < 0"] += 1
+            if run.status in (RunStatus.CANCELLED, RunStatus.FAILED):
+                for k in kids:  # (3): the cascade (or the orphan check) reached them all
+                    if k.status not in finished:
+                        bad(
+                            f"(3) {run.status.value} {where} has child run {k.run_id} still "
+                            f"{k.status}"
+                        )
+            if not run.status.finished:
                 continue
             if run.status is RunStatus.FAILED:
                 if not run.error:
-                    violations.append(f"run {run.run_id} failed without a reason")
+                    bad(f"{where} failed without a reason")
                 self.counts[f"failure: {(run.error or '')[:60]}"] += 1
             history = await self.gateway.history(run.run_id)
-            told = {
-                m.get("tool_call_id"): str(m.get("content") or "")
-                for m in history
-                if m.get("role") == "tool"
-            }
-            calls_by_id = {
-                tc["id"]: json.loads(tc["function"]["arguments"]).get("op")
+            answers: Counter[str] = Counter()
+            told: dict[str, str] = {}
+            for m in history:
+                if m.get("role") == "tool":
+                    answers[str(m.get("tool_call_id"))] += 1
+                    told[str(m.get("tool_call_id"))] = str(m.get("content") or "")
+            calls_by_id: dict[str, tuple[str, str]] = {
+                tc["id"]: (
+                    tc["function"]["name"],
+                    self.op_of(json.loads(tc["function"]["arguments"])),
+                )
                 for m in history
                 if m.get("role") == "assistant"
                 for tc in m.get("tool_calls") or []
             }
-            for call_id, op in calls_by_id.items():
+            for call_id, (name, op) in calls_by_id.items():
+                if answers[call_id] > 1:
+                    bad(f"{op} ({name}, {where}): {answers[call_id]} tool messages")
                 text = told.get(call_id)
                 told_op[op] = text or ""
                 if text is None:
                     if run.status is RunStatus.COMPLETED:
-                        violations.append(f"{op}: the model never got a tool message")
+                        bad(f"{op} ({name}, {where}): the model never got a tool message")
                     continue
-                if text.startswith("did "):
+                g = gates_by_op.get(op)
+                st = gate_status.get(g.gate_id) if g is not None else None
+                if name in SUB_AGENTS:
+                    violations += self.check_sub_call(tree, node, call_id, name, op, text, st)
+                elif text.startswith("did "):
                     if starts[op] == 0:
-                        violations.append(f"{op}: the model was told it ran; it never started")
+                        bad(f"{op}: the model was told it ran; it never started")
                 elif text.startswith("Outcome unknown"):
                     self.counts["calls in doubt"] += 1
+                    if node.depth:
+                        self.counts["calls in doubt in child runs"] += 1
                     if starts[op] == 0:
                         # Claimed, then the worker died before the tool's first line: "may or
                         # may not have run" is the truth the worker can tell.
                         self.counts["calls in doubt that had not started"] += 1
-                g = gates_by_op.get(op)
                 expect = {
                     "denied": "Not executed: the user",
                     "expired": "Not executed: the approval request",
                     "cancelled": "Not executed: the run was cancelled",
                 }
-                if g is not None:
-                    st = await self.gate_status(g.gate_id)
-                    if st in expect and not text.startswith(expect[st]):
-                        violations.append(f"{op} {st}, but the model was told {text[:50]!r}")
-                    if st == "approved" and not text.startswith(("did ", "Outcome unknown")):
-                        violations.append(f"{op} approved, but the model was told {text[:50]!r}")
+                if st in expect and not text.startswith(expect[st]):
+                    bad(f"{op} {st}, but the model was told {text[:50]!r}")
+                if (
+                    st == "approved"
+                    and name not in SUB_AGENTS
+                    and not text.startswith(("did ", "Outcome unknown"))
+                ):
+                    bad(f"{op} approved, but the model was told {text[:50]!r}")
+            if node.parent:
+                continue  # a child run has no root message: its outcome is its parent's
             root = self.slack.message(
                 run.origin.get("channel", ""), run.origin.get("thread_ts", "")
             )
             label = cards.status_label(run.status)
             if root is None or label not in json.dumps(root.blocks, ensure_ascii=False):
-                violations.append(f"root message of {run.run_id} does not say {label!r}")
+                bad(f"root message of {run.run_id} does not say {label!r}")
 
+        # (2), seen from the child: a finished child's outcome is its parent call's result.
+        for node in tree.values():
+            if not node.parent:
+                continue
+            want = self.outcome(node)
+            call_id = node.h.get("parent_call", "")
+            turn = node.h.get("parent_turn", "0")
+            state, result = await self.redis.hmget(
+                self.keys.turn(node.parent, int(turn)), [f"state:{call_id}", f"result:{call_id}"]
+            )
+            if want is None:
+                continue  # still running: reported above
+            self.counts["child outcomes checked in the parent's turn"] += 1
+            if state != "done" or result != want:
+                bad(
+                    f"(2) child run {node.run_id} {node.status}, but its parent "
+                    f"{node.parent}'s call {call_id} (turn {turn}) is {state} with result "
+                    f"{(result or '')[:60]!r}, not {want[:60]!r}"
+                )
+
+        # Cancels sent, by the run they named: a gate may be cancelled by its run's or an
+        # ancestor's cancel (the cascade), or when an ancestor failed (the orphan check).
+        cancel_sent = {
+            c.target or g.run_id
+            for g in self.gates.values()
+            for c in g.clicks
+            if c.kind == "cancel"
+        }
         for rec in self.gates.values():
-            st = await self.gate_status(rec.gate_id)
+            st = gate_status.get(rec.gate_id)
+            nested = "nested " if rec.depth else ""
             self.counts[f"gates {st}"] += 1
-            n = starts[rec.op]
+            if rec.depth:
+                self.counts["nested gates"] += 1
+                self.counts[f"nested gates {st}"] += 1
+            n = ran(rec.op)
             if self.opened_events[rec.gate_id] != 1:
                 n_open = self.opened_events[rec.gate_id]
-                violations.append(f"gate {rec.gate_id} ({rec.op}): {n_open} gate.opened events")
+                bad(f"{nested}gate {rec.gate_id} ({rec.op}): {n_open} gate.opened events")
             if st != "pending" and self.decided_events[rec.gate_id] != 1:
                 n_dec = self.decided_events[rec.gate_id]
-                violations.append(
-                    f"{st} gate {rec.gate_id} ({rec.op}): {n_dec} gate.decided events"
-                )
+                bad(f"{st} {nested}gate {rec.gate_id} ({rec.op}): {n_dec} gate.decided events")
             if st == "pending":
-                violations.append(f"gate {rec.gate_id} ({rec.op}) still pending")
+                bad(f"{nested}gate {rec.gate_id} ({rec.op}) still pending")
             elif st == "approved":
                 if not rec.sent("approve"):
-                    violations.append(f"{rec.op} approved but nobody clicked Approve")
+                    bad(f"{rec.op} approved but nobody clicked Approve")
                 status = await self.safely(self.redis.hget(self.keys.run(rec.run_id), "status"))
                 if status == "completed" and n == 0:
                     if not told_op.get(rec.op, "").startswith("Outcome unknown"):
-                        violations.append(f"{rec.op} approved in a completed run but never ran")
+                        bad(f"{rec.op} approved in a completed run but never ran")
                 if status == "cancelled" and n == 0:
                     self.counts["approved calls of runs cancelled before they ran"] += 1
             elif st == "denied":
                 if not rec.sent("deny-submit"):
-                    violations.append(f"{rec.op} denied but nobody submitted a denial")
+                    bad(f"{rec.op} denied but nobody submitted a denial")
                 if n:
-                    violations.append(f"{rec.op} ran although denied")
+                    bad(f"{rec.op} ran although denied")
             elif st == "expired":
                 if n:
-                    violations.append(f"{rec.op} ran although expired")
+                    bad(f"{rec.op} ran although expired")
             elif st == "cancelled":
-                same_run = [g for g in self.gates.values() if g.run_id == rec.run_id]
-                if not any(g.sent("cancel") for g in same_run):
-                    violations.append(f"{rec.op} cancelled but nobody cancelled its run")
+                chain = self.ancestry(tree, rec.run_id)
+                if not any(r in cancel_sent for r in chain) and not any(
+                    tree[r].status == "failed" for r in chain if r in tree
+                ):
+                    bad(f"{rec.op} cancelled but nobody cancelled its run (or one above it)")
                 if n:
-                    violations.append(f"{rec.op} ran although cancelled")
+                    bad(f"{rec.op} ran although cancelled")
         self.counts["decisions (gates decided)"] = sum(
             v for k, v in self.counts.items() if k.startswith("gates ") and k != "gates pending"
+        )
+        self.counts["nested decisions (nested gates decided)"] = sum(
+            v
+            for k, v in self.counts.items()
+            if k.startswith("nested gates ") and k != "nested gates pending"
         )
         violations += await self.card_problems()
         violations += self.lost
@@ -356,6 +570,51 @@ class Verdict:
                 # "2026-01-01 00:00:00,000 ERROR logger: message": keep logger and message
                 self.error_kinds[f"{p.name}: {line.split(' ERROR ', 1)[1][:110]}"] += 1
         return violations, starts
+
+    def where_gate(self, rec: GateRecord) -> str:
+        """The gate and its run, for a violation's message (a nested gate's parent too)."""
+        child = self.children.get(rec.run_id)
+        where = f"gate {rec.gate_id} of run {rec.run_id}"
+        if child is not None:
+            where += f" (depth {child.depth}, parent {child.parent}, top {child.top})"
+        return where
+
+    def is_sub_call(self, op: str) -> bool:
+        plan = self.ops.get(op)
+        return plan is not None and plan.tool in SUB_AGENTS
+
+    def check_sub_call(
+        self,
+        tree: dict[str, RunNode],
+        node: RunNode,
+        call_id: str,
+        name: str,
+        op: str,
+        text: str,
+        gate: str | None,
+    ) -> list[str]:
+        """(2), seen from the parent: the tool result of a sub-agent call is exactly its
+        child's outcome (final answer, failure or cancel text); a gated call not approved
+        started no child (what it was told is checked with the other gated calls)."""
+        where = f"{op} ({name} in run {node.run_id}, depth {node.depth})"
+        mine = [k for k in node.kids if k in tree and tree[k].h.get("parent_call") == call_id]
+        if name in GATED_SUB_AGENTS and gate != "approved":
+            if mine:
+                return [f"{where}: its gate is {gate}, but child run {mine[0]} started"]
+            return []
+        if not text.strip():
+            return [f"(2) {where}: an empty tool result"]
+        if not mine:
+            return [f"(2) {where}: no child run, and the model was told {text[:60]!r}"]
+        want = self.outcome(tree[mine[0]])
+        self.counts["sub-agent results checked (parent call = child outcome)"] += 1
+        if want is None or text != want:
+            child = tree[mine[0]]
+            return [
+                f"(2) {where}: told {text[:60]!r}, but child run {child.run_id} is "
+                f"{child.status} with {(want or '')[:60]!r}"
+            ]
+        return []
 
     def explain(self, model: FakeOpenAI) -> list[str]:
         """The fake model's complaints (requests its scripts did not expect), each with its
@@ -373,9 +632,11 @@ class Verdict:
                         users = [x for x in body["messages"] if x.get("role") == "user"]
                         task = str(users[0].get("content")) if users else None
                         break
-            plan = self.runs.get(task or "")
+            plan = self.runs.get(task or "") or self.child_plans.get(task or "")
             run_id = plan.run_id if plan is not None else None
             where = f" [run {run_id}" if run_id else " [run ?"
+            if plan is not None and plan.depth:
+                where += f" (a depth-{plan.depth} child run)"
             if run_id and run_id in self.takeovers:
                 where += "; " + "; ".join(self.takeovers[run_id])
             if len(e) > 400:
