@@ -3,6 +3,8 @@
 python -m tests.bench                    # everything (what `make bench` runs)
 python -m tests.bench --only pause       # one part: pause, throughput, memory (the parts
                                          # not run are kept from the existing output file)
+python -m tests.bench --no-cluster       # throughput on one redis-server only (by default
+                                         # it runs on one node, then on a 3 + 3 Redis Cluster)
 python -m tests.bench --quick            # a fast smoke run with small counts
 python -m tests.bench --out FILE         # where to write the markdown (default RESULTS.md)
 python -m tests.bench --stand-in         # pause part on plain Redis, LangGraph on the stand-in
@@ -19,6 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+from tests.bench.cluster_throughput import (
+    METHOD_CLUSTER,
+    cluster_lines,
+    cluster_tables,
+    run_cluster_throughput_bench,
+)
 from tests.bench.common import machine
 from tests.bench.memory import MemoryResult, memory_tables, run_memory_bench
 from tests.bench.pause import (
@@ -341,6 +349,28 @@ async def amain(args: argparse.Namespace) -> int:
         if tp.profile is not None and tp.profile.error:
             body.append(f"Profile not available: {tp.profile.error}\n")
         body += ["Where the bottleneck is:\n", "\n".join(bottleneck_lines(tp)) + "\n"]
+        if not args.no_cluster:
+            log("3b. the same throughput on a Redis Cluster (3 masters + 3 replicas)")
+            cl = await run_cluster_throughput_bench(
+                [1, 2, 4], total=total, seconds=seconds, concurrency=conc, log=log
+            )
+            tables = cluster_tables(tp, cl)
+            printed += tables
+            body += [
+                "### One node and Redis Cluster\n",
+                METHOD_CLUSTER.format(
+                    concurrency=conc,
+                    total=total,
+                    seconds=seconds,
+                    masters=cl.masters,
+                    replicas=cl.replicas,
+                    nodes=cl.masters + cl.replicas,
+                    shards=sum(cl.shards_per_master.values()),
+                    cores=os.cpu_count(),
+                ),
+                *(markdown(t) for t in tables),
+                "\n".join(cluster_lines(tp, cl)) + "\n",
+            ]
         sections["3"] = "\n".join(body)
 
     if "memory" in parts:
@@ -415,6 +445,11 @@ def main() -> None:
     )
     ap.add_argument("--only", help="comma-separated parts: pause,throughput,memory")
     ap.add_argument("--quick", action="store_true", help="small counts (a smoke run)")
+    ap.add_argument(
+        "--no-cluster",
+        action="store_true",
+        help="throughput part: one redis-server only, not also the 3 + 3 Redis Cluster",
+    )
     ap.add_argument(
         "--stand-in",
         action="store_true",

@@ -11,6 +11,9 @@ Each configuration starts on an empty Redis with fresh workers, runs a warm-up, 
 bounded by a run count and a time limit. CPU seconds per process come from /proc and are
 divided by the completed runs. The profile is a separate run (so the sampler does not
 perturb the figures): ``py-spy record`` on the single worker under the same load.
+
+Where Redis is is a :class:`Target`: :class:`OneNode` here, a Redis Cluster in
+``tests.bench.cluster_throughput`` (the same measurement, :func:`measure`, on both).
 """
 
 from __future__ import annotations
@@ -28,10 +31,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
 from redis.asyncio import Redis
 
 from agent_core import Decision, Gateway, Keys, create_redis
+from agent_core.connections import connect_redis
+from agent_core.streams import stream_groups
 from tests.bench.agent import TASK
 from tests.bench.common import each_shard, kb, median, p99
 from tests.bench.procs import FakeModelProcess, Workers, cpu_seconds, machine_busy_seconds
@@ -51,11 +57,26 @@ class DriveStats:
 class Driver:
     """Starts runs, approves their gates as they open, waits for them to finish."""
 
-    def __init__(self, url: str) -> None:
-        self.redis = create_redis(url)
-        self.reader = create_redis(url)  # blocking XREAD on a connection of its own
+    def __init__(
+        self, url: str, *, redis: Redis | None = None, reader: Redis | None = None
+    ) -> None:
+        self.redis = redis if redis is not None else create_redis(url)
+        # Blocking XREAD on a connection of its own.
+        self.reader = reader if reader is not None else create_redis(url)
         self.gateway = Gateway(self.redis, KEYS, agent_name="bench")
         self._decisions: set[asyncio.Task[object]] = set()
+
+    @classmethod
+    async def connect(cls, url: str) -> Driver:
+        """Clients as the bot makes them (``connect_redis``): redis-py's cluster client when
+        ``url`` is a Redis Cluster node, else :func:`create_redis`'s."""
+        redis = await connect_redis(url)
+        try:
+            reader = await connect_redis(url)
+        except BaseException:
+            await redis.aclose()
+            raise
+        return cls(url, redis=redis, reader=reader)
 
     async def drive(self, total: int, concurrency: int, max_seconds: float) -> DriveStats:
         last = await self._last_event_ids()
@@ -81,6 +102,34 @@ class Driver:
             finally:
                 starting_done.set()
 
+        # One XREAD of every shard's events on one node; on Redis Cluster (a read cannot span
+        # slots) one reader task per shard, feeding a queue.
+        groups = stream_groups(self.reader, list(last))
+        queue: asyncio.Queue[list[Any]] = asyncio.Queue()
+        readers = (
+            [
+                asyncio.create_task(self._read_into(queue, {s: last[s] for s in group}))
+                for group in groups
+            ]
+            if len(groups) > 1
+            else []
+        )
+
+        async def next_events() -> list[Any]:
+            if not readers:
+                return list(await self.reader.xread(last, count=1000, block=100) or [])
+            for reader in readers:
+                if reader.done():
+                    reader.result()  # a reader failed: raise its error
+                    raise RuntimeError("an events reader stopped")
+            try:
+                batch = await asyncio.wait_for(queue.get(), 0.1)
+            except TimeoutError:
+                return []
+            while not queue.empty():
+                batch += queue.get_nowait()
+            return batch
+
         start_task = asyncio.create_task(starter())
         hard_end = deadline + 60
         t_last = t_start
@@ -90,8 +139,7 @@ class Driver:
                     raise TimeoutError(
                         f"{n_started - len(latencies) - failed} runs unfinished after {max_seconds + 60} s"
                     )
-                reply = await self.reader.xread(last, count=1000, block=100)
-                for stream, entries in reply or []:
+                for stream, entries in await next_events():
                     for msg_id, fields in entries:
                         last[stream] = msg_id
                         kind, run_id = fields.get("type"), fields.get("run_id", "")
@@ -113,10 +161,20 @@ class Driver:
                                 started.pop(run_id)
                             slots.release()
         finally:
-            start_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await start_task
+            for job in [start_task, *readers]:
+                job.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await job
         return DriveStats(len(latencies), failed, t_last - t_start, latencies)
+
+    async def _read_into(self, queue: asyncio.Queue[list[Any]], last: dict[str, str]) -> None:
+        """Read the streams of ``last`` (one shard's on Redis Cluster) into ``queue``."""
+        while True:
+            reply = await self.reader.xread(last, count=1000, block=100)
+            for stream, entries in reply or []:
+                if entries:
+                    last[stream] = entries[-1][0]
+                    queue.put_nowait([(stream, entries)])
 
     async def _last_event_ids(self) -> dict[str, str]:
         """The last entry of every events stream (one per shard)."""
@@ -149,6 +207,9 @@ class ThroughputResult:
     cpu: dict[str, float]  # CPU seconds per component over the measured window
     machine_cpu: float  # CPU seconds of every process on the machine over the window
     redis_bytes: int  # used_memory growth over the window (completed runs are kept)
+    # CPU seconds of each redis-server process (cpu["redis-server"] is their sum)
+    redis_cpu: dict[str, float] = field(default_factory=dict)
+    key_spread: dict[int, int] = field(default_factory=dict)  # master port → DBSIZE at the end
 
     @property
     def runs_per_s(self) -> float:
@@ -171,8 +232,92 @@ class ThroughputResults:
     profile: Profile | None = None
 
 
-async def _measure(
-    server: RedisServer,
+class Target(Protocol):
+    """Where the Redis of a measurement is (one node, or a Redis Cluster)."""
+
+    @property
+    def url(self) -> str:
+        """What the workers get in REDIS_URL and the driver connects to."""
+        ...
+
+    @property
+    def readers_per_worker(self) -> int:
+        """The blocked XREADGROUP connections of one idle worker."""
+        ...
+
+    def redis_pids(self) -> dict[str, int]:
+        """Every redis-server process, by a label starting with "redis-server"."""
+        ...
+
+    async def flush(self) -> None: ...
+
+    async def blocked_readers(self) -> int:
+        """Connections blocked in XREADGROUP, over every node."""
+        ...
+
+    async def used_memory(self) -> int:
+        """``used_memory`` of the data (every master's, summed)."""
+        ...
+
+    async def key_spread(self) -> dict[int, int]:
+        """DBSIZE of each master by port (empty on one node: nothing to spread)."""
+        ...
+
+
+class OneNode:
+    """One redis-server."""
+
+    readers_per_worker = 1
+
+    def __init__(self, server: RedisServer) -> None:
+        self.server = server
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def redis_pids(self) -> dict[str, int]:
+        return {"redis-server": self.server.pid or 0}
+
+    async def flush(self) -> None:
+        client = Redis.from_url(self.url)
+        try:
+            await client.flushall()
+        finally:
+            await client.aclose()
+
+    async def blocked_readers(self) -> int:
+        client = Redis.from_url(self.url, decode_responses=True)
+        try:
+            return sum(1 for c in await client.client_list() if c.get("cmd") == "xreadgroup")
+        finally:
+            await client.aclose()
+
+    async def used_memory(self) -> int:
+        client = Redis.from_url(self.url, decode_responses=True)
+        try:
+            return int((await client.info("memory"))["used_memory"])
+        finally:
+            await client.aclose()
+
+    async def key_spread(self) -> dict[int, int]:
+        return {}
+
+
+async def wait_readers(target: Target, n_workers: int, timeout: float = 60) -> None:
+    """Until n workers wait on the jobs streams (``readers_per_worker`` blocked XREADGROUP
+    connections each: one on one node, one per shard on Redis Cluster)."""
+    want = n_workers * target.readers_per_worker
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if await target.blocked_readers() >= want:
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{n_workers} workers did not join the jobs group in {timeout} s")
+
+
+async def measure(
+    target: Target,
     fake: FakeModelProcess,
     n_workers: int,
     *,
@@ -183,33 +328,37 @@ async def _measure(
     whatif: bool = False,
     on_load: Callable[[Workers], None] | None = None,
 ) -> ThroughputResult:
-    flush = Redis.from_url(server.url)
-    await flush.flushall()
-    await flush.aclose()
-    driver = Driver(server.url)
+    """One configuration on an emptied ``target``: fresh workers, a warm-up, the window."""
+    await target.flush()
+    driver = await Driver.connect(target.url)
     try:
         extra = {"BENCH_OPENAI_NO_TRANSFORM": "1"} if whatif else {}
-        with Workers(n_workers, server.url, fake.base_url, logdir, **extra) as workers:
-            await driver.wait_consumers(n_workers)
+        with Workers(n_workers, target.url, fake.base_url, logdir, **extra) as workers:
+            await wait_readers(target, n_workers)
             await driver.drive(total=30 * n_workers, concurrency=concurrency, max_seconds=30)
             pids = {f"worker {i + 1}": p.pid for i, p in enumerate(workers.procs)}
-            pids |= {"redis-server": server.pid or 0, "fake model": fake.pid}
+            pids |= {**target.redis_pids(), "fake model": fake.pid}
             before = {k: cpu_seconds(v) for k, v in pids.items()}
             driver_before = sum(os.times()[:2])
             machine_before = machine_busy_seconds()
-            mem_before = int((await driver.redis.info("memory"))["used_memory"])
+            mem_before = await target.used_memory()
             if on_load is not None:
                 on_load(workers)
             stats = await driver.drive(total=total, concurrency=concurrency, max_seconds=seconds)
             cpu = {k: cpu_seconds(v) - before[k] for k, v in pids.items()}
             cpu["driver (bot side)"] = sum(os.times()[:2]) - driver_before
             machine_cpu = machine_busy_seconds() - machine_before
-            mem = int((await driver.redis.info("memory"))["used_memory"]) - mem_before
+            mem = await target.used_memory() - mem_before
+            spread = await target.key_spread()
             if not workers.alive():
                 raise RuntimeError(f"a worker died; see {logdir}")
     finally:
         await driver.aclose()
-    return ThroughputResult(n_workers, whatif, stats, cpu, machine_cpu, mem)
+    redis_cpu = {k: cpu.pop(k) for k in list(cpu) if k.startswith("redis-server")}
+    cpu["redis-server"] = sum(redis_cpu.values())
+    return ThroughputResult(
+        n_workers, whatif, stats, cpu, machine_cpu, mem, redis_cpu=redis_cpu, key_spread=spread
+    )
 
 
 # Owner of a sample: the first library frame from the root (work done on its behalf, down
@@ -341,8 +490,8 @@ async def run_throughput_bench(
         try:
             configs = [(n, False) for n in workers] + [(n, True) for n in whatif_workers]
             for n, whatif in configs:
-                r = await _measure(
-                    server,
+                r = await measure(
+                    OneNode(server),
                     fake,
                     n,
                     total=total,
@@ -373,8 +522,8 @@ async def _profile(
     def start(workers: Workers) -> None:
         spy.append(_profile_worker(workers.procs[0].pid, seconds, raw_file))
 
-    await _measure(
-        server,
+    await measure(
+        OneNode(server),
         fake,
         1,
         total=10**9,
@@ -393,56 +542,78 @@ async def _profile(
     return parse_profile(raw_file.read_text())
 
 
-def throughput_tables(res: ThroughputResults) -> list[tuple[str, list[str], list[list[str]]]]:
-    rows = []
-    base = res.results[0].runs_per_s if res.results else 0.0
-    components = sorted({k for r in res.results for k in r.cpu}, key=_component_order)
-    cpu_rows = []
+RUN_HEADER = [
+    "workers",
+    "runs/s",
+    "vs 1 worker",
+    "runs",
+    "failed",
+    "seconds",
+    "run latency ms p50 / p99 (queueing included)",
+    "Redis memory per finished run",
+]
+
+
+def run_row(r: ThroughputResult, base: float, label: str | None = None) -> list[str]:
+    """A row of the throughput table (``base``: the 1-worker runs/s)."""
+    lat = r.stats.latencies
+    n = max(r.stats.completed, 1)
+    return [
+        label or str(r.workers),
+        f"{r.runs_per_s:.0f}",
+        f"{r.runs_per_s / base:.2f}x" if base else "n/a",
+        f"{r.stats.completed:,}",
+        str(r.stats.failed),
+        f"{r.stats.seconds:.1f}",
+        f"{median(lat) * 1000:.0f} / {p99(lat) * 1000:.0f}",
+        kb(r.redis_bytes / n),
+    ]
+
+
+def cpu_row(
+    r: ThroughputResult, components: list[str], label: str | None = None, *, replicas: bool = False
+) -> list[str]:
+    """A row of the CPU table: ms per completed run of all workers, then each other
+    component (``replicas``: the replicas' part of redis-server after it), then how busy the
+    benchmark's processes and the machine's other processes kept the cores."""
+    n = max(r.stats.completed, 1)
     cores = os.cpu_count() or 1
+    worker_cpu = sum(v for k, v in r.cpu.items() if k.startswith("worker"))
+    total_cpu = sum(r.cpu.values())
+    cells = [label or str(r.workers), f"{worker_cpu / n * 1000:.2f}"]
+    for c in components:
+        if c.startswith("worker"):
+            continue
+        cells.append(f"{r.cpu.get(c, 0.0) / n * 1000:.2f}")
+        if replicas and c == "redis-server":
+            rep = sum(v for k, v in r.redis_cpu.items() if "replica" in k)
+            cells.append(f"{rep / n * 1000:.2f}")
+    return [
+        *cells,
+        f"{total_cpu / r.stats.seconds / cores * 100:.0f}%" if r.stats.seconds else "n/a",
+        f"{max(r.machine_cpu - total_cpu, 0.0) / r.stats.seconds / cores * 100:.0f}%"
+        if r.stats.seconds
+        else "n/a",
+    ]
+
+
+def cpu_components(results: list[ThroughputResult]) -> list[str]:
+    return sorted({k for r in results for k in r.cpu}, key=_component_order)
+
+
+def throughput_tables(res: ThroughputResults) -> list[tuple[str, list[str], list[list[str]]]]:
+    base = res.results[0].runs_per_s if res.results else 0.0
+    components = cpu_components(res.results)
+    rows = []
+    cpu_rows = []
     for r in res.results:
-        lat = r.stats.latencies
-        n = max(r.stats.completed, 1)
         label = f"{r.workers} (what-if: no openai transform)" if r.whatif else str(r.workers)
-        rows.append(
-            [
-                label,
-                f"{r.runs_per_s:.0f}",
-                f"{r.runs_per_s / base:.2f}x" if base else "n/a",
-                f"{r.stats.completed:,}",
-                str(r.stats.failed),
-                f"{r.stats.seconds:.1f}",
-                f"{median(lat) * 1000:.0f} / {p99(lat) * 1000:.0f}",
-                kb(r.redis_bytes / n),
-            ]
-        )
-        worker_cpu = sum(v for k, v in r.cpu.items() if k.startswith("worker"))
-        total_cpu = sum(r.cpu.values())
-        cpu_rows.append(
-            [
-                label,
-                f"{worker_cpu / n * 1000:.2f}",
-                *(
-                    f"{r.cpu.get(c, 0.0) / n * 1000:.2f}"
-                    for c in components
-                    if not c.startswith("worker")
-                ),
-                f"{total_cpu / r.stats.seconds / cores * 100:.0f}%",
-                f"{max(r.machine_cpu - total_cpu, 0.0) / r.stats.seconds / cores * 100:.0f}%",
-            ]
-        )
+        rows.append(run_row(r, base, label))
+        cpu_rows.append(cpu_row(r, components, label))
     tables = [
         (
             f"Throughput: complete runs (start → gate → approve → tool → done), {res.concurrency} runs in flight",
-            [
-                "workers",
-                "runs/s",
-                "vs 1 worker",
-                "runs",
-                "failed",
-                "seconds",
-                "run latency ms p50 / p99 (queueing included)",
-                "Redis memory per finished run",
-            ],
+            RUN_HEADER,
             rows,
         ),
         (
