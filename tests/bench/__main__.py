@@ -407,7 +407,8 @@ async def amain(args: argparse.Namespace) -> int:
         "# Benchmark results\n",
         f"Produced by `make bench` (`.venv/bin/python -m tests.bench"
         f"{' --quick' if quick else ''}{' --only ' + args.only if args.only else ''}"
-        f"{' --stand-in' if args.stand_in else ''}`) on "
+        f"{' --stand-in' if args.stand_in else ''}"
+        f"{' --no-cluster' if args.no_cluster else ''}`) on "
         f"{datetime.date.today().isoformat()}, in {minutes:.1f} minutes. Everything runs on "
         "this one machine over loopback: private Redis servers and zero-latency fake or stub "
         "models, so the figures are the systems' own cost.\n",
