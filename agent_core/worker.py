@@ -177,9 +177,15 @@ class Worker:
             # another worker after WORKER_LEASE: nothing is lost.
             for task in tasks:
                 task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            # Bounded: redis-py's cluster client has been seen to swallow a cancellation
+            # while blocked in a read (the bench's driver hung on it); a reader still blocked
+            # after 5 s is left behind rather than holding the worker's exit.
+            _finished, stuck = await asyncio.wait(tasks, timeout=5)
+            for task in _finished:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    task.result()
+            if stuck:
+                log.warning("%d reader(s) did not stop within 5 s; exiting anyway", len(stuck))
             if self._inflight:
                 _done, pending = await asyncio.wait(self._inflight, timeout=5)
                 for t in pending:  # not acknowledged: another worker resumes them
