@@ -302,7 +302,8 @@ class Worker:
         began: list[Any] | None = None,
     ) -> None:
         lost = asyncio.Event()
-        heartbeat = asyncio.create_task(self._heartbeat(reader, run_id, fence, msg, lost))
+        done = asyncio.Event()
+        heartbeat = asyncio.create_task(self._heartbeat(reader, run_id, fence, msg, lost, done))
         finished = False
         try:
             if msg.deliveries > self.max_deliveries:
@@ -316,6 +317,7 @@ class Worker:
                 log.error("run %s: job %s dead-lettered", run_id, msg.id)
             else:
                 await self.runner.advance(run_id, fence, lost, began)
+            done.set()
             heartbeat.cancel()
             if await self._finish_job(
                 keys=[msg.stream, self.keys.run(run_id)],
@@ -325,9 +327,11 @@ class Worker:
             else:
                 raise LeaseLost(run_id)
         finally:
+            # Told to stop, and waited for with a bound: redis-py can swallow a cancellation
+            # that lands inside a command, and an unbounded await then held the job's slot.
+            done.set()
             heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            await asyncio.wait({heartbeat}, timeout=1.0)
             if not finished and not lost.is_set():
                 with contextlib.suppress(RedisError, OSError):
                     await self._release(keys=[self.keys.run(run_id)], args=[fence])
@@ -361,9 +365,13 @@ class Worker:
         fence: str,
         msg: StreamMessage,
         lost: asyncio.Event,
+        done: asyncio.Event,
     ) -> None:
-        while True:
-            await asyncio.sleep(self.lease_ms / 3000)
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), self.lease_ms / 3000)
+            if done.is_set():
+                return
             try:
                 if not await self._renew(keys=[self.keys.run(run_id)], args=[fence, self.lease_ms]):
                     lost.set()

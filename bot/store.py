@@ -249,7 +249,10 @@ class Store:
                 raise LockBusy(name)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
-        renewer = asyncio.create_task(self._keep(key, token))
+        done = asyncio.Event()
+        renewer = asyncio.create_task(
+            self._keep(key, token, done, loop.time() + self.lock_max_hold)
+        )
         try:
             bound = asyncio.timeout(self.lock_max_hold)
             try:
@@ -264,14 +267,23 @@ class Store:
                     )
                 raise
         finally:
+            # Told to stop, not only cancelled, and never waited for without a bound: redis-py
+            # can swallow a cancellation that lands inside a command, and a renewer awaited
+            # after that kept its lock renewed forever (seen in the Slack bench: cards that
+            # never updated again).
+            done.set()
             renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renewer
+            await asyncio.wait({renewer}, timeout=1.0)
             await self._release(keys=[key], args=[token])
 
-    async def _keep(self, key: str, token: str) -> None:
-        while True:
-            await asyncio.sleep(LOCK_TTL_MS / 3000)
+    async def _keep(self, key: str, token: str, done: asyncio.Event, until: float) -> None:
+        """Renew the lock until ``done`` is set, and never past ``until`` (loop time)."""
+        loop = asyncio.get_running_loop()
+        while not done.is_set() and loop.time() < until:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), LOCK_TTL_MS / 3000)
+            if done.is_set():
+                return
             with contextlib.suppress(aioredis.RedisError, OSError):
                 await self._renew(keys=[key], args=[token, LOCK_TTL_MS])
 

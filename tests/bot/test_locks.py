@@ -50,3 +50,35 @@ async def test_a_timeout_inside_the_section_is_not_reported_as_a_stuck_holder(
         async with store.lock("gate:00abd"):
             raise TimeoutError("Slack took too long")
     assert "holder was cancelled" not in caplog.text
+
+
+class _SwallowingStore(Store):
+    """A Store whose renewal swallows a cancellation, as redis-py's client has been seen to
+    do when one lands inside a command."""
+
+    async def _renew_swallowing(self, *, keys: list[str], args: list[object]) -> int:
+        try:
+            await asyncio.sleep(2.0)
+        except asyncio.CancelledError:
+            pass  # swallowed: the caller goes on
+        return 1
+
+
+async def test_a_renewal_that_swallows_its_cancellation_does_not_hold_the_lock(
+    redis: Redis,
+) -> None:
+    """Seen in the Slack bench: a renewer whose cancel was swallowed kept renewing, and the
+    holder waited for it forever; the card never updated again."""
+    keys = Keys("t")
+    store = _SwallowingStore(redis, keys)
+    store._renew = store._renew_swallowing  # type: ignore[assignment,method-assign]
+    loop = asyncio.get_running_loop()
+    async with store.lock("gate:00abe"):
+        await asyncio.sleep(3.6)  # the first renewal (every 3.3 s) is under way
+        leaving = loop.time()
+    assert loop.time() - leaving < 1.5, "the holder left within the bound"
+    other = Store(redis, keys)
+    async with other.lock("gate:00abe", wait_seconds=0.2):
+        pass  # released, not renewed by the swallowing renewer
+    await asyncio.sleep(2.5)
+    assert await redis.exists(keys.ext("slack-lock", "gate:00abe", 0)) == 0
