@@ -75,9 +75,11 @@ format: install
 
 # Benchmarks (tests/bench, not part of `make test`): installs the `bench` extra (the peer
 # frameworks, py-spy), prints the tables and writes tests/bench/RESULTS.md and SLACK_RESULTS.md.
-# About 10 minutes: 5 for tests.bench and 5 to 6 for tests.bench.slack_latency (plus the first
-# install of the extra).
-# BENCH_ARGS="--quick" for a smoke run, "--only pause" (or throughput, memory) for one part.
+# About 17 minutes: 6 to 7 for tests.bench (its throughput part runs on one redis-server and
+# on a local Redis Cluster) and 8 to 10 for tests.bench.slack_latency (plus the first install
+# of the extra).
+# BENCH_ARGS="--quick" for a smoke run, "--only pause" (or throughput, memory) for one part,
+# "--no-cluster" to skip the cluster.
 BENCH_STAMP := $(VENV)/.bench-installed
 BENCH_ARGS  ?=
 SLACK_BENCH_ARGS ?=
