@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from . import messages, metrics, scripts
+from . import messages, metrics, reopen_scripts, scripts
 from .children import parent_keys
 from .completions import clean_text
 from .events import EventConsumer
@@ -90,8 +90,8 @@ class Gateway:
         self._cancel = redis.register_script(scripts.CANCEL_RUN)
         self._repair = redis.register_script(scripts.REPAIR_RUN)
         self._start = redis.register_script(scripts.START_RUN)
-        self._retry = redis.register_script(scripts.RETRY_RUN)
-        self._continue = redis.register_script(scripts.CONTINUE_RUN)
+        self._retry = redis.register_script(reopen_scripts.RETRY_RUN)
+        self._continue = redis.register_script(reopen_scripts.CONTINUE_RUN)
         self._check_cursor = (0, 0)
 
     # --- runs -------------------------------------------------------------------------

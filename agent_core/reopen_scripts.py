@@ -1,0 +1,78 @@
+"""Lua scripts that put a stopped run back to work: a retry after its model call kept
+failing (Gateway.retry_run), and the next message of its conversation (Gateway.continue_run).
+
+As in :mod:`agent_core.scripts`: each names its KEYS and ARGV in a header comment, every key
+arrives in KEYS, and running one twice changes nothing more.
+"""
+
+from __future__ import annotations
+
+# Continue a run that failed retryably (its model call kept failing) from the step it
+# failed in: nothing that ran runs again, since every earlier step is recorded.
+# KEYS[1] run hash, KEYS[2] finished-runs zset, KEYS[3] active-runs zset, KEYS[4] jobs
+# stream, KEYS[5] events stream
+# ARGV[1] run id, ARGV[2] by, ARGV[3] now
+# Returns 'queued' | 'missing' | 'not_failed' | 'not_retryable' as status replies.
+RETRY_RUN = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return {ok = 'missing'} end
+if st ~= 'failed' then return {ok = 'not_failed'} end
+if redis.call('HGET', KEYS[1], 'retryable') ~= '1' then return {ok = 'not_retryable'} end
+local phase = redis.call('HGET', KEYS[1], 'failed_phase') or 'model'
+redis.call('HSET', KEYS[1], 'status', 'queued', 'phase', phase, 'error', '',
+  'retryable', '0', 'retried_by', ARGV[2], 'updated_at', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'retries', 1)
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])
+redis.call('XADD', KEYS[4], '*', 'type', 'start', 'run_id', ARGV[1])
+local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
+redis.call('XADD', KEYS[5], '*', 'type', 'run.retried', 'run_id', ARGV[1], 'data',
+  '{"run_id":' .. cjson.encode(ARGV[1]) .. ',"by":' .. cjson.encode(ARGV[2])
+  .. ',"origin":' .. origin .. '}')
+return {ok = 'queued'}
+"""
+
+# Continue a run's conversation with a user message. A finished run (completed or failed)
+# is queued again for its next turn: the message joins the history, unless it has to wait
+# behind messages already queued or the run failed in its tools phase (that turn is closed
+# first); then it joins the inbox. A run still working keeps the message in its inbox until
+# its next model turn (READ_FOR_MODEL). A cancelled run does not continue.
+# KEYS[1] run hash, KEYS[2] history list, KEYS[3] authors hash, KEYS[4] inbox list,
+# KEYS[5] jobs stream, KEYS[6] active-runs zset, KEYS[7] finished-runs zset,
+# KEYS[8] events stream, KEYS[9] the author's runs zset (the run joins their /agent status)
+# ARGV[1] run id, ARGV[2] user message JSON, ARGV[3] by, ARGV[4] now,
+# ARGV[5] inbox entry JSON ({"by": …, "message": the user message JSON as a string})
+# Returns 'started' | 'queued' | 'cancelled' | 'missing' as status replies.
+CONTINUE_RUN = """
+local st = redis.call('HGET', KEYS[1], 'status')
+if not st then return {ok = 'missing'} end
+if st == 'cancelled' then return {ok = 'cancelled'} end
+local queued = st ~= 'completed' and st ~= 'failed'
+if queued then
+  redis.call('RPUSH', KEYS[4], ARGV[5])
+else
+  local phase = 'model'
+  if st == 'failed' and redis.call('HGET', KEYS[1], 'failed_phase') == 'tools' then
+    phase = 'tools'
+  end
+  if phase == 'tools' or redis.call('LLEN', KEYS[4]) > 0 then
+    redis.call('RPUSH', KEYS[4], ARGV[5])
+  else
+    local n = redis.call('RPUSH', KEYS[2], ARGV[2])
+    redis.call('HSET', KEYS[3], tostring(n - 1), ARGV[3])
+    redis.call('HSET', KEYS[1], 'last_by', ARGV[3])
+  end
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'phase', phase, 'final', '', 'error', '',
+    'retryable', '0', 'pending', 0, 'children_pending', 0, 'turns_from', redis.call('HGET', KEYS[1], 'turn') or '0',
+    'updated_at', ARGV[4])
+  redis.call('ZREM', KEYS[7], ARGV[1])
+  redis.call('ZADD', KEYS[6], ARGV[4], ARGV[1])
+  redis.call('XADD', KEYS[5], '*', 'type', 'start', 'run_id', ARGV[1])
+end
+if KEYS[9] then redis.call('ZADD', KEYS[9], ARGV[4], ARGV[1]) end
+local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
+redis.call('XADD', KEYS[8], '*', 'type', 'run.continued', 'run_id', ARGV[1], 'data',
+  '{"run_id":' .. cjson.encode(ARGV[1]) .. ',"by":' .. cjson.encode(ARGV[3])
+  .. ',"queued":' .. (queued and 'true' or 'false') .. ',"origin":' .. origin .. '}')
+return {ok = queued and 'queued' or 'started'}
+"""
