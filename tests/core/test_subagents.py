@@ -349,3 +349,46 @@ async def test_a_child_whose_parent_was_cancelled_without_it_is_cancelled_before
     assert child.status is RunStatus.CANCELLED
     await asyncio.sleep(0.3)
     assert read_journal(str(journal)) == []
+
+
+async def test_a_worker_frozen_past_its_lease_in_a_child_run_writes_nothing_when_it_wakes(
+    spawn: Callable[..., WorkerProcess],
+    observer: Harness,
+    fake_openai: FakeOpenAI,
+    redis: Redis,
+    redis_url: str,
+    journal: Path,
+) -> None:
+    """SIGSTOP a worker mid-tool in a sub-agent's run, past its lease: another worker takes
+    the child over (the call in doubt, never rerun), the parent finishes, and the frozen one,
+    woken, writes nothing."""
+    fake_openai.script(
+        "move 6 via billing",
+        [call("billing", {"task": "transfer 6"}), reply("parent done")],
+    )
+    fake_openai.script(
+        "transfer 6",
+        [call("transfer", {"amount": 6}), reply("child done", expect=told("Outcome unknown"))],
+    )
+    env = {"AGENT": "tests.agents:desk", "WORKER_LEASE": "2", "TEST_SLOW_SECONDS": "4"}
+    workers = [spawn(redis_url, **env), spawn(redis_url, **env)]
+    run = await observer.gateway.start_run("move 6 via billing", requested_by="U1", agent="desk")
+    child_id, gate = await child_gate(observer, run.run_id)
+    await observer.gateway.decide(gate["gate_id"], "approve", by="U2")
+    await wait_journal(journal, "transfer:start:6")
+    owner = await redis.hget(observer.keys.run(child_id), "lease_owner") or ""
+    frozen = next(w for w in workers if f"-{w.proc.pid}-" in owner)
+    frozen.pause()
+    try:
+        done = await observer.wait_finished(run.run_id, timeout=30)
+        assert (done.status, done.final) == (RunStatus.COMPLETED, "parent done")
+    finally:
+        frozen.resume()
+    for _ in range(200):  # woken, its tool ends; its result must be refused
+        if "discarded" in frozen.output():
+            break
+        await asyncio.sleep(0.05)
+    assert "result of transfer discarded" in frozen.output(), frozen.output()
+    assert read_journal(str(journal)).count("transfer:start:6") == 1
+    history = await observer.history(run.run_id)
+    assert tool_messages(history)[-1]["content"] == "child done"
