@@ -20,6 +20,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 
 from .keys import Keys
+from .scripts import _HELPERS
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,11 @@ DEFAULT_MAX_DEPTH = 5
 # message JSON, ARGV[6] now, ARGV[7..] child run hash field/value pairs
 # Returns 'spawned' | 'lost' | 'stopped' (the parent is not running at that turn) | 'stale'
 # (the call is neither ready nor approved) as status replies.
-SPAWN_CHILD = """
+SPAWN_CHILD = (
+    _HELPERS
+    + """
 if (#ARGV - 6) % 2 ~= 0 then return redis.error_reply('SPAWN_CHILD: bad arguments') end
-local t = redis.call('TIME')
-local n = tonumber(t[1]) + tonumber(t[2]) / 1000000
-if redis.call('HGET', KEYS[1], 'fence') ~= ARGV[1]
-  or tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') <= n then
-  return {ok = 'lost'}
-end
+if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
 if redis.call('HGET', KEYS[1], 'status') ~= 'running'
   or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2] then
   return {ok = 'stopped'}
@@ -65,19 +63,17 @@ redis.call('HINCRBY', KEYS[1], 'children_pending', 1)
 redis.call('XADD', KEYS[7], '*', 'type', 'start', 'run_id', ARGV[4])
 return {ok = 'spawned'}
 """
+)
 
 # Pause a parent whose turn waits for child runs; or tell it to go on when they all
 # reported meanwhile (each report settled its call in the turn hash).
 # KEYS[1] parent run hash
 # ARGV[1] fence, ARGV[2] turn (guard), ARGV[3] now
 # Returns 'waiting' | 'go' | 'lost' | 'stopped' as status replies.
-WAIT_CHILDREN = """
-local t = redis.call('TIME')
-local n = tonumber(t[1]) + tonumber(t[2]) / 1000000
-if redis.call('HGET', KEYS[1], 'fence') ~= ARGV[1]
-  or tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0') <= n then
-  return {ok = 'lost'}
-end
+WAIT_CHILDREN = (
+    _HELPERS
+    + """
+if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
 if redis.call('HGET', KEYS[1], 'status') ~= 'running'
   or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2] then
   return {ok = 'stopped'}
@@ -88,6 +84,7 @@ if tonumber(redis.call('HGET', KEYS[1], 'children_pending') or '0') > 0 then
 end
 return {ok = 'go'}
 """
+)
 
 
 def parent_keys(keys: Keys, run_id: str, run: dict[str, str]) -> list[str]:
