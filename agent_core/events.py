@@ -80,6 +80,10 @@ class EventConsumer:
         """Acknowledge an event once it has been handled."""
         await self._stream.ack(StreamMessage(event.id, {}, 1, event.stream))
 
+    async def ack_many(self, events: list[Event]) -> None:
+        """Acknowledge several handled events at once."""
+        await self._stream.ack_many([StreamMessage(e.id, {}, 1, e.stream) for e in events])
+
     async def touch(self, event: Event) -> None:
         """Keep a slow event from being claimed by another member."""
         await self._stream.touch(StreamMessage(event.id, {}, 1, event.stream))

@@ -67,6 +67,7 @@ async def open_gates(
             "call_id": call["id"],
             "turn": str(turn),
             "index": str(index),
+            "turn_gates": str(len(calls)),
             "tool": t.name,
             "description": t.description,
             "args": json.dumps(call["args"], ensure_ascii=False),

@@ -134,6 +134,7 @@ class Gate(BaseModel):
     decided_hash: str | None = None  # the arguments hash the decider saw
     closed_by_failure: bool = False  # cancelled because the run failed
     index: int | None = None  # the call's position in its turn (None: a gate of an older core)
+    turn_gates: int | None = None  # how many gates its turn opened (None: an older core's)
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Gate:
@@ -161,6 +162,7 @@ class Gate(BaseModel):
             decided_hash=h.get("decided_hash") or None,
             closed_by_failure=h.get("closed_by_failure") == "1",
             index=int(h["index"]) if h.get("index") else None,
+            turn_gates=int(h["turn_gates"]) if h.get("turn_gates") else None,
         )
 
     @property

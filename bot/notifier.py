@@ -99,19 +99,41 @@ class Notifier:
                     backoff = min(backoff * 2, 10.0)
                     continue
                 backoff = 0.5
-                for event in events:  # delivered to us: handle them even when stopping
-                    if await self.handle_safely(event):
-                        try:
-                            await source.ack(event)
-                        except (RedisError, OSError) as exc:
-                            log.warning("ack of %s failed: %s", event.id, type(exc).__name__)
+                # Delivered to us: handle them even when stopping.
+                handled = await self.handle_batch(events)
+                try:
+                    await source.ack_many(handled)
+                except (RedisError, OSError) as exc:
+                    log.warning("ack of %d event(s) failed: %s", len(handled), type(exc).__name__)
         finally:
             stopping.cancel()
 
-    async def handle_safely(self, event: Event) -> bool:
+    async def handle_batch(self, events: list[Event]) -> list[Event]:
+        """Handle a batch of events in order; the events that may be acknowledged.
+
+        A card or root message that a later event of the batch updates again is updated
+        once, by that later event: every update renders the current state from Redis, so
+        the last one shows everything before it. A web process that falls behind thus does
+        less work per event instead of more (a click's ``gate.decided`` and its
+        ``tool.executed`` often arrive together then). If that later event fails, it is
+        delivered again and its update still shows both.
+        """
+        gates = [_gate_shown(e) for e in events]
+        runs = [_run_shown(e) for e in events]
+        handled = []
+        for i, event in enumerate(events):
+            skip_gate = gates[i] is not None and gates[i] in gates[i + 1 :]
+            skip_run = runs[i] is not None and runs[i] in runs[i + 1 :]
+            if await self.handle_safely(event, skip_gate=skip_gate, skip_run=skip_run):
+                handled.append(event)
+        return handled
+
+    async def handle_safely(
+        self, event: Event, *, skip_gate: bool = False, skip_run: bool = False
+    ) -> bool:
         """Handle one event; ``True`` when it may be acknowledged."""
         try:
-            await self.handle(event)
+            await self.handle(event, skip_gate=skip_gate, skip_run=skip_run)
         except (TransientSlackError, LockBusy, RedisError, OSError) as exc:
             log.warning("event %s (%s) will be retried: %s", event.id, event.type.value, exc)
             return False
@@ -122,7 +144,11 @@ class Notifier:
         self.handled += 1
         return True
 
-    async def handle(self, event: Event) -> None:
+    async def handle(
+        self, event: Event, *, skip_gate: bool = False, skip_run: bool = False
+    ) -> None:
+        """Show one event in Slack. ``skip_gate``/``skip_run``: the gate's card or the run's
+        root message is left to a later event that updates it again (see handle_batch)."""
         data = event.data
         origin: dict[str, Any] = data.get("origin") or {}
         if not isinstance(origin, dict) or not origin.get("channel"):
@@ -143,20 +169,25 @@ class Notifier:
                     event.run_id, _int(data.get("turn")), post_for=gate_id
                 )
         elif t is EventType.GATE_DECIDED:
-            gate = await self.publisher.show_gate(str(data["gate_id"]))
-            if gate is not None:  # its turn's "Approve all" message, if it has one
+            gate_id = str(data["gate_id"])
+            if skip_gate:  # its card is left to a later event, not its turn's message
+                gate = await self.gateway.get_gate(gate_id)
+            else:
+                gate = await self.publisher.show_gate(gate_id)
+            # Its turn's "Approve all" message, if the turn opened more than one gate.
+            if gate is not None and gate.turn_gates != 1:
                 await self.publisher.show_turn(gate.run_id, gate.turn)
         elif t is EventType.TOOL_EXECUTED:
-            await self._tool_executed(event.run_id, data, origin)
+            await self._tool_executed(event.run_id, data, origin, skip_gate=skip_gate)
         elif t is EventType.RUN_STARTED:
-            await self.publisher.show_run(event.run_id)
+            await self._show_run(event.run_id, skip_run)
         elif t is EventType.RUN_COMPLETED:
             texts = cards.answer_messages(str(data.get("final") or ""))
             # A continued run answers once per continuation (turns_from tells them apart).
             leg = _int(data.get("turns_from"))
             marker = f"final-{leg}" if leg else "final"
             await self.publisher.post_in_thread(event.run_id, origin, marker, texts)
-            await self.publisher.show_run(event.run_id)
+            await self._show_run(event.run_id, skip_run)
         elif t is EventType.RUN_FAILED:
             retry = None
             if data.get("retryable") is True:
@@ -165,18 +196,22 @@ class Notifier:
             # A retried run may fail again: one message per failure (per event).
             marker = f"failed:{event.id}"
             await self.publisher.post_in_thread(event.run_id, origin, marker, [text])
-            await self.publisher.show_run(event.run_id)
+            await self._show_run(event.run_id, skip_run)
         elif t is EventType.RUN_RETRIED:
             text = cards.run_retried_message(data.get("by"))
             await self.publisher.post_in_thread(event.run_id, origin, f"retried:{event.id}", [text])
-            await self.publisher.show_run(event.run_id)
+            await self._show_run(event.run_id, skip_run)
         elif t is EventType.RUN_CANCELLED:
             text = cards.run_cancelled_message(data.get("by"), data.get("reason"))
             await self.publisher.post_in_thread(event.run_id, origin, "cancelled", [text])
-            await self.publisher.show_run(event.run_id)
+            await self._show_run(event.run_id, skip_run)
             await self._approved_calls_at_cancel(event.run_id, data)
         # After Slack shows the event: the app's post in a thread clears its status line.
         await assistant.show_status(self.publisher, event)
+
+    async def _show_run(self, run_id: str, skip: bool) -> None:
+        if not skip:
+            await self.publisher.show_run(run_id)
 
     async def _approved_calls_at_cancel(self, run_id: str, data: dict[str, Any]) -> None:
         """The approved calls of a cancelled run: the core lists those that never ran and
@@ -213,7 +248,7 @@ class Notifier:
         await self.publisher.show_gate(gate_id)
 
     async def _tool_executed(
-        self, run_id: str, data: dict[str, Any], origin: dict[str, Any]
+        self, run_id: str, data: dict[str, Any], origin: dict[str, Any], *, skip_gate: bool
     ) -> None:
         ok = bool(data.get("ok"))
         in_doubt = bool(data.get("in_doubt"))
@@ -228,11 +263,28 @@ class Notifier:
             # The outcome replaces whatever the cancel left ("never ran", "was running").
             async with self.store.lock(f"result:{gate_id}"):
                 await self.store.set_result(str(gate_id), result)
-            await self.publisher.show_gate(str(gate_id))
+            if not skip_gate:
+                await self.publisher.show_gate(str(gate_id))
             return
         text = cards.tool_message(str(data.get("tool") or "tool"), ok, in_doubt)
         marker = f"tool:{data.get('call_id') or ''}"
         await self.publisher.post_in_thread(run_id, origin, marker, [text])
+
+
+def _gate_shown(event: Event) -> str | None:
+    """The gate whose card ``event`` updates (not posts), if any."""
+    if event.type in (EventType.GATE_DECIDED, EventType.TOOL_EXECUTED):
+        gate_id = event.data.get("gate_id")
+        return gate_id if isinstance(gate_id, str) and gate_id else None
+    return None
+
+
+def _run_shown(event: Event) -> str | None:
+    """The run whose root message ``event`` updates, if any (a sub-agent's run has none)."""
+    origin = event.data.get("origin")
+    if not event.type.value.startswith("run.") or not isinstance(origin, dict):
+        return None
+    return None if origin.get("parent_run") else event.run_id
 
 
 def _int(value: object) -> int:

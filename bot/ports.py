@@ -16,6 +16,8 @@ class EventConsumerLike(Protocol):
 
     async def ack(self, event: Event) -> Any: ...
 
+    async def ack_many(self, events: list[Event]) -> Any: ...
+
 
 class GatewayLike(Protocol):
     async def start_run(

@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,7 +166,7 @@ class Publisher:
                 _Slot(gate_id, CARD_NS, card_metadata(gate_id)),
                 rec,
                 cards.gate_card(gate, rec.result),
-                cards.gate_card(gate, rec.result, compact=True),
+                lambda: cards.gate_card(gate, rec.result, compact=True),
                 _opt_str(gate.origin.get("channel")),
                 _opt_str(gate.origin.get("thread_ts")),
             )
@@ -200,7 +201,7 @@ class Publisher:
                 _Slot(ident, TURN_NS, turn_metadata(run_id, turn)),
                 rec,
                 card,
-                card,
+                lambda: card,
                 _opt_str(origin.get("channel")),
                 _opt_str(origin.get("thread_ts")),
             )
@@ -210,7 +211,7 @@ class Publisher:
         slot: _Slot,
         rec: CardRecord,
         card: cards.Card,
-        smaller: cards.Card,
+        smaller: Callable[[], cards.Card],
         channel: str | None,
         thread_ts: str | None,
     ) -> None:
@@ -248,7 +249,12 @@ class Publisher:
             await self._update_cards(slot, rec, card, smaller, d)
 
     async def _update_cards(
-        self, slot: _Slot, rec: CardRecord, card: cards.Card, smaller: cards.Card, d: str
+        self,
+        slot: _Slot,
+        rec: CardRecord,
+        card: cards.Card,
+        smaller: Callable[[], cards.Card],
+        d: str,
     ) -> None:
         """Show the current state on every message of the card; the digest only when the
         card itself took it."""
@@ -384,9 +390,10 @@ class Publisher:
                 log.warning("could not tell %s: %s", user_id, slack_error(exc))
 
     async def _send_card(
-        self, method: str, card: cards.Card, smaller: cards.Card, **kwargs: Any
+        self, method: str, card: cards.Card, smaller: Callable[[], cards.Card], **kwargs: Any
     ) -> Any:
-        """Send a card; if Slack refuses its size or shape, send the compact one instead."""
+        """Send a card; if Slack refuses its size or shape, send the compact one instead
+        (rendered only then)."""
         client = self._poster if method == "chat_postMessage" else self.client
         try:
             return await getattr(client, method)(text=card.text, blocks=card.blocks, **kwargs)
@@ -394,8 +401,9 @@ class Publisher:
             if not isinstance(exc, SlackApiError) or slack_error(exc) not in TOO_BIG:
                 return self._failed(method, exc)
             log.warning("Slack refused a card (%s); sending the compact one", slack_error(exc))
+        compact = smaller()
         try:
-            return await getattr(client, method)(text=smaller.text, blocks=smaller.blocks, **kwargs)
+            return await getattr(client, method)(text=compact.text, blocks=compact.blocks, **kwargs)
         except Exception as exc:
             return self._failed(method, exc)
 

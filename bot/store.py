@@ -250,9 +250,16 @@ class Store:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
         done = asyncio.Event()
-        renewer = asyncio.create_task(
-            self._keep(key, token, done, loop.time() + self.lock_max_hold)
-        )
+        until = loop.time() + self.lock_max_hold
+        renewer: asyncio.Task[None] | None = None
+
+        def start_renewing() -> None:
+            nonlocal renewer
+            renewer = asyncio.create_task(self._keep(key, token, done, until))
+
+        # Most sections last a few ms: the renewer task starts only if this one is still held
+        # after a third of the TTL (its first renewal would come then anyway).
+        first_renewal = loop.call_later(LOCK_TTL_MS / 3000, start_renewing)
         try:
             bound = asyncio.timeout(self.lock_max_hold)
             try:
@@ -272,20 +279,20 @@ class Store:
             # after that kept its lock renewed forever (seen in the Slack bench: cards that
             # never updated again).
             done.set()
-            renewer.cancel()
-            await asyncio.wait({renewer}, timeout=1.0)
+            first_renewal.cancel()
+            if renewer is not None:
+                renewer.cancel()
+                await asyncio.wait({renewer}, timeout=1.0)
             await self._release(keys=[key], args=[token])
 
     async def _keep(self, key: str, token: str, done: asyncio.Event, until: float) -> None:
         """Renew the lock until ``done`` is set, and never past ``until`` (loop time)."""
         loop = asyncio.get_running_loop()
         while not done.is_set() and loop.time() < until:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), LOCK_TTL_MS / 3000)
-            if done.is_set():
-                return
             with contextlib.suppress(aioredis.RedisError, OSError):
                 await self._renew(keys=[key], args=[token, LOCK_TTL_MS])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), LOCK_TTL_MS / 3000)
 
     # --- helpers ----------------------------------------------------------------------
     async def _hgetall(self, key: str) -> dict[str, str]:

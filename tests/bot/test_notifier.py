@@ -337,3 +337,51 @@ async def test_a_cancel_event_without_the_lists_still_ends_running(
     )
     msg = await live.wait_card(gate.gate_id, "Never ran")
     assert "not executed" in str(msg.blocks) and "Running…" not in str(msg.blocks)
+
+
+async def test_a_batch_updates_each_card_and_root_message_once(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """A web process that fell behind reads a click's gate.decided and tool.executed (and the
+    run's events) in one batch: each message is updated once, to the final state."""
+    run_id = await run_to_completion(live, fake_openai, "batch me")
+    events = [
+        e
+        for e in await all_events(live)
+        if e.run_id == run_id
+        and e.type
+        in (
+            EventType.GATE_DECIDED,
+            EventType.TOOL_EXECUTED,
+            EventType.RUN_STARTED,
+            EventType.RUN_COMPLETED,
+        )
+        and (e.type is not EventType.TOOL_EXECUTED or e.data.get("gate_id"))  # the card's
+    ]
+    gate_id = next(e.data["gate_id"] for e in events if e.type is EventType.GATE_DECIDED)
+    ctx = live.server.context
+    replica = Notifier(live.gateway, ctx.publisher, ctx.store, consumer="web-behind")
+
+    async def stale() -> None:  # as if none of these events had been handled yet
+        await ctx.store.set_card_digest(gate_id, "stale")
+        await ctx.store.set_run_digest(run_id, "stale")
+        result = [f"result_{f}" for f in ("ok", "output", "in_doubt", "skipped")]
+        await live.redis.hdel(ctx.store.card_key(gate_id), *result)
+
+    def updates() -> int:
+        return len(live.fake.calls_to("chat.update"))
+
+    before = updates()
+    for event in events:  # control: alone, each event updates its message
+        await stale()
+        assert await replica.handle_batch([event]) == [event]
+    assert updates() - before == len(events) == 4
+
+    await stale()
+    before = updates()
+    assert await replica.handle_batch(events) == events, "every event may be acknowledged"
+    assert updates() - before == 2, "the card once and the root message once"
+    card = await live.card(gate_id)
+    assert "Executed" in str(card.blocks), "the one update shows the final state"
+    thread_ts = (await live.gateway.get_run(run_id)).origin["thread_ts"]  # type: ignore[union-attr]
+    assert live.fake.shows(CHANNEL, thread_ts, "completed")
