@@ -209,11 +209,11 @@ def _form_read_as_empty(body: str, content_type: str) -> bool:
     """A form body (a slash command) that merely contains the word "payload": Bolt takes any
     such body for an interactive ``payload=`` and, finding no such field, reads it as
     empty, so ``/agent summarize the payload`` would be answered 404."""
-    return (
-        "payload" in body
-        and not _is_json_body(body, content_type)
-        and "payload" not in parse_qs(body, keep_blank_values=True)
-    )
+    if "payload" not in body or _is_json_body(body, content_type):
+        return False
+    if body.startswith("payload=") or "&payload=" in body:
+        return False  # an interactive payload (parsing a click's large form twice is costly)
+    return "payload" not in parse_qs(body, keep_blank_values=True)
 
 
 def _resigned(body: str, headers: Headers, secret: str) -> tuple[str, Headers]:
