@@ -83,6 +83,7 @@ class Run(BaseModel):
     updated_at: float
     turn: int = 0
     pending: int = 0
+    children_pending: int = 0  # sub-agent runs it waits for
     final: str | None = None
     error: str | None = None
     cancelled_by: str | None = None
@@ -101,6 +102,7 @@ class Run(BaseModel):
             updated_at=float(h.get("updated_at") or 0),
             turn=int(h.get("turn") or 0),
             pending=int(h.get("pending") or 0),
+            children_pending=int(h.get("children_pending") or 0),
             final=h.get("final") or None,
             error=h.get("error") or None,
             cancelled_by=h.get("cancelled_by") or None,

@@ -598,6 +598,15 @@ def status_label(status: RunStatus) -> str:
     return _RUN_STATUS.get(status, status.value)
 
 
+def run_status(run: Run) -> str:
+    """A run's status as shown: a run paused only on its sub-agents says so (they may be
+    working or asking for approval themselves: their cards tell which)."""
+    if run.status is RunStatus.AWAITING_APPROVAL and not run.pending and run.children_pending:
+        n = run.children_pending
+        return "🧩 waiting for " + ("its sub-agent" if n == 1 else f"{n} sub-agents")
+    return status_label(run.status)
+
+
 def root_message(task: str, user_id: str, run: Run | None, command: str = "/agent") -> Card:
     """The channel message a run's thread hangs from."""
     intro = f"🤖 Task started by {user(user_id)}: {clip_escaped(task, TASK_LIMIT)}"
@@ -606,7 +615,7 @@ def root_message(task: str, user_id: str, run: Run | None, command: str = "/agen
         blocks.append(_context("⏳ starting…"))
     else:
         rid = clip_escaped(run.run_id, 100)
-        line = f"Run `{rid}` · {status_label(run.status)}"
+        line = f"Run `{rid}` · {run_status(run)}"
         if not run.status.finished:
             line += f" · cancel with `{command} cancel {rid}`"
         elif run.retryable:
@@ -708,7 +717,7 @@ def status_message(
     blocks: list[dict[str, Any]] = [_section("*Your recent runs*")]
     for run in runs[:15]:
         line = (
-            f"`{clip_escaped(run.run_id, 100)}` · {status_label(run.status)} · "
+            f"`{clip_escaped(run.run_id, 100)}` · {run_status(run)} · "
             f"{fmt_date(run.created_at)}\n{clip_escaped(run.task, 200)}"
         )
         if run.retryable:

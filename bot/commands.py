@@ -314,7 +314,7 @@ class Commands:
             return
         except InvalidState:
             current = await ctx.gateway.get_run(run.run_id)
-            status = cards.status_label(current.status) if current else "finished"
+            status = cards.run_status(current) if current else "finished"
             await _reply(
                 respond, f"Run `{shown}` has already finished ({status}); nothing to cancel."
             )
@@ -348,7 +348,7 @@ class Commands:
             if current is not None and current.status is RunStatus.FAILED:
                 await _reply(respond, NOT_RETRYABLE.format(run=shown, command=self.command))
             else:
-                status = cards.status_label(current.status) if current else "gone"
+                status = cards.run_status(current) if current else "gone"
                 await _reply(
                     respond, f"Run `{shown}` is {status}; only a failed run can be retried."
                 )

@@ -272,6 +272,27 @@ def test_root_and_status_messages_are_valid() -> None:
     assert "no runs" in cards.status_message([], {}).text
 
 
+def test_a_run_paused_only_on_its_sub_agents_says_so() -> None:
+    now = time.time()
+    run = Run(
+        run_id="r-abcdefghijkl",
+        agent="desk",
+        task="refund order 7",
+        requested_by="U1",
+        status=RunStatus.AWAITING_APPROVAL,
+        created_at=now,
+        updated_at=now,
+        children_pending=1,
+    )
+    root = all_text(cards.root_message(run.task, "U1", run).blocks)
+    assert "🧩 waiting for its sub-agent" in root and "awaiting approval" not in root
+    two = run.model_copy(update={"children_pending": 2})
+    assert "waiting for 2 sub-agents" in all_text(cards.status_message([two], {}).blocks)
+    # A gate of its own open as well: it is awaiting approval.
+    mixed = run.model_copy(update={"pending": 1})
+    assert "awaiting approval" in all_text(cards.root_message(run.task, "U1", mixed).blocks)
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [
