@@ -439,6 +439,7 @@ class Gateway:
         reason: str | None = None,
         *,
         args_hash: str | None = None,
+        run_id: str | None = None,
     ) -> DecideResult:
         """Approve or deny a pending gate, atomically and exactly once.
 
@@ -451,11 +452,16 @@ class Gateway:
         its buttons). When given, it must be the gate's, or :class:`ArgsHashMismatch` is
         raised and nothing is decided. The gate records it as ``decided_hash``, and an
         approved call runs only if its arguments hash to it.
+
+        ``run_id``: the gate's run, when the caller has just read the gate (it saves a round
+        trip); the decision checks it, and a gate of another run is :class:`GateNotFound`.
         """
         decision = Decision(decision)
         if not by:
             raise ValueError("by is required")
-        return await self._apply(gate_id, decision.status.value, by, reason, args_hash or "")
+        return await self._apply(
+            gate_id, decision.status.value, by, reason, args_hash or "", run_id=run_id
+        )
 
     async def decide_call(
         self,

@@ -300,7 +300,12 @@ class GateActions:
         tell = self.ctx.publisher.tell
         try:
             result = await self.ctx.gateway.decide(
-                gate.gate_id, decision, by=user_id, reason=reason, args_hash=clicked_hash
+                gate.gate_id,
+                decision,
+                by=user_id,
+                reason=reason,
+                args_hash=clicked_hash,
+                run_id=gate.run_id,
             )
         except GateNotFound:
             await tell(user_id, UNKNOWN_GATE, channel=channel, respond=respond)

@@ -48,6 +48,7 @@ class GatewayLike(Protocol):
         reason: str | None = ...,
         *,
         args_hash: str | None = ...,
+        run_id: str | None = ...,
     ) -> DecideResult: ...
 
     async def decide_many(

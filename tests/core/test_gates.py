@@ -131,6 +131,24 @@ async def test_expiring_a_gate_before_its_deadline_does_nothing(
     assert gate is not None and gate.status is GateStatus.PENDING
 
 
+async def test_a_decision_naming_another_run_decides_nothing(
+    harness: Harness, fake_openai: FakeOpenAI
+) -> None:
+    fake_openai.script("whose", [call("delete_user", {"user_id": "1"}), reply("done")])
+    fake_openai.script("other", [call("delete_user", {"user_id": "2"})])
+    run = await harness.gateway.start_run("whose", requested_by="U1")
+    other = await harness.gateway.start_run("other", requested_by="U1")
+    [g] = await harness.opened_gates(run.run_id, 1)
+    gate_id = g.data["gate_id"]
+    for wrong in (other.run_id, "r-" + gate_id[:2] + "x" * 10, "not a run"):
+        with pytest.raises(GateNotFound):
+            await harness.gateway.decide(gate_id, "approve", by="U2", run_id=wrong)
+    gate = await harness.gateway.get_gate(gate_id)
+    assert gate is not None and gate.status is GateStatus.PENDING
+    res = await harness.gateway.decide(gate_id, "approve", by="U2", run_id=run.run_id)
+    assert res.applied and res.gate.status is GateStatus.APPROVED
+
+
 @pytest.mark.parametrize(
     "gate_id", ["", "x", "A" * 24, "../../etc/passwd", "a" * 5000, "{t}:gate:x", "é" * 24]
 )
