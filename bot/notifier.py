@@ -46,6 +46,7 @@ class Notifier:
         group: str = GROUP,
         batch: int = 50,
         block_ms: int = 1000,
+        concurrency: int = 16,
     ) -> None:
         self.gateway = gateway
         self.publisher = publisher
@@ -54,6 +55,7 @@ class Notifier:
         self.group = group
         self.batch = batch
         self.block_ms = block_ms
+        self.concurrency = concurrency
         self.handled = 0
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -109,7 +111,12 @@ class Notifier:
             stopping.cancel()
 
     async def handle_batch(self, events: list[Event]) -> list[Event]:
-        """Handle a batch of events in order; the events that may be acknowledged.
+        """Handle a batch of events; the events that may be acknowledged.
+
+        The events of one Slack thread are handled in order (its cards and messages keep
+        their order); those of different threads side by side, up to ``concurrency`` at a
+        time: each event waits on Redis and Slack, and one at a time the notifier could not
+        keep up with a few dozen clicks a second.
 
         A card or root message that a later event of the batch updates again is updated
         once, by that later event: every update renders the current state from Redis, so
@@ -120,13 +127,26 @@ class Notifier:
         """
         gates = [_gate_shown(e) for e in events]
         runs = [_run_shown(e) for e in events]
-        handled = []
+        threads: dict[str, list[int]] = {}
         for i, event in enumerate(events):
-            skip_gate = gates[i] is not None and gates[i] in gates[i + 1 :]
-            skip_run = runs[i] is not None and runs[i] in runs[i + 1 :]
-            if await self.handle_safely(event, skip_gate=skip_gate, skip_run=skip_run):
-                handled.append(event)
-        return handled
+            threads.setdefault(_thread_of(event), []).append(i)
+        ok = [False] * len(events)
+        slots = asyncio.Semaphore(self.concurrency)
+
+        async def in_order(indexes: list[int]) -> None:
+            async with slots:
+                for i in indexes:
+                    skip_gate = gates[i] is not None and gates[i] in gates[i + 1 :]
+                    skip_run = runs[i] is not None and runs[i] in runs[i + 1 :]
+                    ok[i] = await self.handle_safely(
+                        events[i], skip_gate=skip_gate, skip_run=skip_run
+                    )
+
+        if len(threads) == 1:
+            await in_order(next(iter(threads.values())))
+        else:
+            await asyncio.gather(*(in_order(ix) for ix in threads.values()))
+        return [e for e, done in zip(events, ok, strict=True) if done]
 
     async def handle_safely(
         self, event: Event, *, skip_gate: bool = False, skip_run: bool = False
@@ -269,6 +289,16 @@ class Notifier:
         text = cards.tool_message(str(data.get("tool") or "tool"), ok, in_doubt)
         marker = f"tool:{data.get('call_id') or ''}"
         await self.publisher.post_in_thread(run_id, origin, marker, [text])
+
+
+def _thread_of(event: Event) -> str:
+    """The Slack thread an event shows in (a sub-agent's run shows in its parent's)."""
+    origin = event.data.get("origin")
+    if isinstance(origin, dict):
+        channel, ts = origin.get("channel"), origin.get("thread_ts")
+        if isinstance(channel, str) and isinstance(ts, str) and channel and ts:
+            return f"{channel}:{ts}"
+    return f"run:{event.run_id}"
 
 
 def _gate_shown(event: Event) -> str | None:

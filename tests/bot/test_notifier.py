@@ -385,3 +385,43 @@ async def test_a_batch_updates_each_card_and_root_message_once(
     assert "Executed" in str(card.blocks), "the one update shows the final state"
     thread_ts = (await live.gateway.get_run(run_id)).origin["thread_ts"]  # type: ignore[union-attr]
     assert live.fake.shows(CHANNEL, thread_ts, "completed")
+
+
+async def test_threads_are_handled_side_by_side_and_each_in_order(bot: BotHarness) -> None:
+    """One thread's events keep their order; another thread's do not wait for them."""
+    ctx = bot.server.context
+
+    def event(i: int, run_id: str, thread: str) -> Any:
+        origin = {"channel": CHANNEL, "thread_ts": thread}
+        return parse_event(
+            StreamMessage(
+                f"1-{i}",
+                {
+                    "type": "run.started",
+                    "run_id": run_id,
+                    "data": json.dumps({"run_id": run_id, "origin": origin}),
+                },
+                1,
+                "s",
+            )
+        )
+
+    a1, a2 = event(1, "r-00aaaaaaaaaa", "1.1"), event(2, "r-00aaaaaaaaaa", "1.1")
+    b1 = event(3, "r-00bbbbbbbbbb", "2.2")
+    log: list[str] = []
+    b_started = asyncio.Event()
+
+    class Probe(Notifier):
+        async def handle(self, event: Any, **kw: Any) -> None:
+            log.append(f"start {event.id}")
+            if event is b1:
+                b_started.set()
+            else:  # thread A's first event holds until thread B's has started
+                await asyncio.wait_for(b_started.wait(), timeout=5)
+            await asyncio.sleep(0.01 if event is a1 else 0)
+            log.append(f"end {event.id}")
+
+    probe = Probe(bot.gateway, ctx.publisher, ctx.store, consumer="probe")
+    assert await probe.handle_batch([a1, a2, b1]) == [a1, a2, b1]
+    assert log.index("end 1-1") < log.index("start 1-2"), "a thread's events in order"
+    assert log.index("start 1-3") < log.index("end 1-1"), "other threads side by side"
