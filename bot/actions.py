@@ -324,11 +324,12 @@ class GateActions:
         if not result.applied or result.gate.status is not decision.status:
             await tell(user_id, already_decided(result.gate), channel=channel, respond=respond)
             await self._refresh(gate.gate_id)  # the card may be stale: make it tell the truth
-        elif outcome is not None:
-            outcome.applied = True
-        # An applied decision's card is updated by the notifier from its gate.decided event
-        # (written by the same script as the decision): updating it here too rendered every
-        # card twice, the click handler's share of the web process's CPU at load.
+        else:
+            if outcome is not None:
+                outcome.applied = True
+            # Shown at once, not after the notifier's queue; the notifier then finds the card
+            # showing this decision and leaves it (see Notifier.handle).
+            await self._refresh(gate.gate_id)
 
     # --- every pending gate of a turn at once ------------------------------------------
     async def _load_turn(
@@ -461,7 +462,9 @@ class GateActions:
         outcome.applied = bool(mine)
         text = cards.decided_many_message(decision is Decision.APPROVE, mine, late, others)
         await tell(user_id, text, channel=channel, respond=respond)
-        # The cards and the turn's message follow from the gate.decided events (notifier).
+        for gate in mine + late:
+            await self._refresh(gate.gate_id)
+        await self._refresh_turn(gates[0])
 
     async def _refresh_turn(self, gate: Gate) -> None:
         try:

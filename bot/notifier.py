@@ -190,7 +190,9 @@ class Notifier:
                 )
         elif t is EventType.GATE_DECIDED:
             gate_id = str(data["gate_id"])
-            if skip_gate:  # its card is left to a later event, not its turn's message
+            if skip_gate or await self._shows(gate_id, data.get("status")):
+                # Its card is left to a later event, or the click that decided it already
+                # updated it: not its turn's message.
                 gate = await self.gateway.get_gate(gate_id)
             else:
                 gate = await self.publisher.show_gate(gate_id)
@@ -228,6 +230,12 @@ class Notifier:
             await self._approved_calls_at_cancel(event.run_id, data)
         # After Slack shows the event: the app's post in a thread clears its status line.
         await assistant.show_status(self.publisher, event)
+
+    async def _shows(self, gate_id: str, status: object) -> bool:
+        """Whether the gate's card was last updated to show ``status`` (a decision's click
+        updates its card itself, before this event arrives)."""
+        rec = await self.store.card(gate_id)
+        return bool(rec.ts and rec.digest and isinstance(status, str) and rec.shown == status)
 
     async def _show_run(self, run_id: str, skip: bool) -> None:
         if not skip:

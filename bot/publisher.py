@@ -169,6 +169,7 @@ class Publisher:
                 lambda: cards.gate_card(gate, rec.result, compact=True),
                 _opt_str(gate.origin.get("channel")),
                 _opt_str(gate.origin.get("thread_ts")),
+                shown=gate.status.value,
             )
             return gate
 
@@ -214,8 +215,11 @@ class Publisher:
         smaller: Callable[[], cards.Card],
         channel: str | None,
         thread_ts: str | None,
+        *,
+        shown: str | None = None,
     ) -> None:
-        """Post a card (a gate's, a turn's) once, or update every message showing it."""
+        """Post a card (a gate's, a turn's) once, or update every message showing it
+        (``shown``: the gate status it shows, kept with the card's digest)."""
         d = digest(card)
         if not rec.ts and rec.posting is not None and channel:
             # A process asked Slack to post this card and died (or lost the answer)
@@ -226,7 +230,7 @@ class Publisher:
                 await self.store.adopt_cards(slot.ident, channel, found, slot.ns)
                 rec = await self.store.card(slot.ident, slot.ns)
         if rec.channel and rec.ts:
-            await self._update_cards(slot, rec, card, smaller, d)
+            await self._update_cards(slot, rec, card, smaller, d, shown)
             return
         if not channel:
             return  # a run started outside Slack: no card
@@ -246,7 +250,7 @@ class Publisher:
             # Another process posted a card for this gate meanwhile (we were paused past
             # the lock): both now get the current state.
             rec = await self.store.card(slot.ident, slot.ns)
-            await self._update_cards(slot, rec, card, smaller, d)
+            await self._update_cards(slot, rec, card, smaller, d, shown)
 
     async def _update_cards(
         self,
@@ -255,6 +259,7 @@ class Publisher:
         card: cards.Card,
         smaller: Callable[[], cards.Card],
         d: str,
+        shown: str | None = None,
     ) -> None:
         """Show the current state on every message of the card; the digest only when the
         card itself took it."""
@@ -266,7 +271,7 @@ class Publisher:
                 await self.store.drop_other(slot.ident, ts, slot.ns)
         ok = await self._send_card("chat_update", card, smaller, channel=rec.channel, ts=rec.ts)
         if ok is not None:
-            await self.store.set_card_digest(slot.ident, d, slot.ns)
+            await self.store.set_card_digest(slot.ident, d, slot.ns, shown=shown)
 
     async def _find_cards(
         self, metadata: dict[str, Any], channel: str, thread_ts: str | None, since: float

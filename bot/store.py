@@ -83,6 +83,7 @@ class CardRecord:
     result: ToolResult | None
     posting: float | None = None  # unix time a post of the card was last attempted
     others: tuple[str, ...] = ()  # further messages showing this gate (same channel)
+    shown: str | None = None  # the gate status the card was last updated to show
 
     @property
     def all_ts(self) -> list[str]:
@@ -142,7 +143,13 @@ class Store:
             posting = None
         others = tuple(t for t in (h.get("others") or "").split() if t != h.get("ts"))
         return CardRecord(
-            h.get("channel"), h.get("ts"), h.get("digest") or None, result, posting, others
+            h.get("channel"),
+            h.get("ts"),
+            h.get("digest") or None,
+            result,
+            posting,
+            others,
+            h.get("shown") or None,
         )
 
     async def mark_posting(self, gate_id: str, at: float, ns: str = CARD_NS) -> None:
@@ -179,8 +186,12 @@ class Store:
             self.card_key(gate_id, ns), {"others": " ".join(t for t in rec.others if t != ts)}
         )
 
-    async def set_card_digest(self, gate_id: str, digest: str, ns: str = CARD_NS) -> None:
-        await self._hset(self.card_key(gate_id, ns), {"digest": digest})
+    async def set_card_digest(
+        self, gate_id: str, digest: str, ns: str = CARD_NS, *, shown: str | None = None
+    ) -> None:
+        """What the card shows now: its digest, and the gate status it shows (if known)."""
+        fields = {"digest": digest} if shown is None else {"digest": digest, "shown": shown}
+        await self._hset(self.card_key(gate_id, ns), fields)
 
     async def set_result(self, gate_id: str, result: ToolResult) -> None:
         await self._hset(

@@ -366,7 +366,7 @@ async def test_a_batch_updates_each_card_and_root_message_once(
         await ctx.store.set_card_digest(gate_id, "stale")
         await ctx.store.set_run_digest(run_id, "stale")
         result = [f"result_{f}" for f in ("ok", "output", "in_doubt", "skipped")]
-        await live.redis.hdel(ctx.store.card_key(gate_id), *result)
+        await live.redis.hdel(ctx.store.card_key(gate_id), "shown", *result)
 
     def updates() -> int:
         return len(live.fake.calls_to("chat.update"))
@@ -425,3 +425,37 @@ async def test_threads_are_handled_side_by_side_and_each_in_order(bot: BotHarnes
     assert await probe.handle_batch([a1, a2, b1]) == [a1, a2, b1]
     assert log.index("end 1-1") < log.index("start 1-2"), "a thread's events in order"
     assert log.index("start 1-3") < log.index("end 1-1"), "other threads side by side"
+
+
+async def test_a_card_the_click_updated_is_not_rendered_again_by_the_notifier(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    task = "click shows it"
+    fake_openai.script(task, [call("delete_user", {"user_id": "5"}), reply("ok")])
+    run_id = await live.start_task(task)
+    gate = await live.gate_of(run_id)
+    await live.client.action("gate_approve", cards.button_value(gate), user_id=APPROVER)
+    await live.wait_card(gate.gate_id, "Executed")
+    [decided] = [
+        e
+        for e in await all_events(live)
+        if e.type is EventType.GATE_DECIDED and e.data["gate_id"] == gate.gate_id
+    ]
+    ctx = live.server.context
+    rendered: list[str] = []
+    show_gate = ctx.publisher.show_gate
+
+    async def spy(gate_id: str) -> Any:
+        rendered.append(gate_id)
+        return await show_gate(gate_id)
+
+    replica = Notifier(live.gateway, ctx.publisher, ctx.store, consumer="web-spy")
+    ctx.publisher.show_gate = spy  # type: ignore[method-assign]
+    try:
+        await replica.handle(decided)
+        assert rendered == [], "the card already shows this decision"
+        await live.redis.hdel(ctx.store.card_key(gate.gate_id), "shown")
+        await replica.handle(decided)
+        assert rendered == [gate.gate_id], "control: not known to show it, it is rendered"
+    finally:
+        ctx.publisher.show_gate = show_gate  # type: ignore[method-assign]
