@@ -13,12 +13,14 @@ No key name is ever built inside Lua: scripts receive every key in KEYS.
 
 from __future__ import annotations
 
+import binascii
 import secrets
 import zlib
 
 DEFAULT_PREFIX = "agw"
 DEFAULT_SHARDS = 16
 MAX_SHARDS = 36 * 36  # two base-36 characters in every id
+SLOTS = 16384  # Redis Cluster's hash slots
 
 _B36 = "0123456789abcdefghijklmnopqrstuvwxyz"
 _RUN_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -34,6 +36,12 @@ def decode_shard(text: str) -> int | None:
         return None
     hi, lo = _B36.find(text[0].lower()), _B36.find(text[1].lower())
     return None if hi < 0 or lo < 0 else hi * 36 + lo
+
+
+def key_slot(tag: str) -> int:
+    """The cluster slot of a hash tag's content (``agw:3`` for ``{agw:3}``): CRC16
+    (XMODEM) mod 16384, as Redis computes it."""
+    return binascii.crc_hqx(tag.encode(), 0) % SLOTS
 
 
 class Keys:
@@ -54,6 +62,10 @@ class Keys:
         if not 0 <= shard < self.shards:
             raise ValueError(f"no shard {shard} (SHARDS={self.shards})")
         return "{" + f"{self.prefix}:{shard}" + "}"
+
+    def slot(self, shard: int) -> int:
+        """The cluster slot of a shard's keys."""
+        return key_slot(self.tag(shard)[1:-1])
 
     def all_shards(self) -> range:
         return range(self.shards)
