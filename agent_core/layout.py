@@ -121,8 +121,8 @@ async def migrate(
 ) -> Migration:
     """Move every key of ``keys``' deployment from the old layout to the new one.
 
-    Refuses (:class:`InvalidState`) while workers are alive under this prefix, unless
-    ``force``. Idempotent: a second run finds nothing to move. ``checkpoint(moved)`` is
+    Refuses (:class:`InvalidState`) while workers are alive under this prefix, or when the
+    old layout's jobs streams are those of another SHARDS, unless ``force``. Idempotent: a second run finds nothing to move. ``checkpoint(moved)`` is
     awaited after each batch is copied (on Redis Cluster, before the old names are deleted):
     an exception there stops the migration as a crash would, and running it again finishes.
     """
@@ -137,6 +137,9 @@ async def migrate(
                 f"every web and worker first (a stopped worker counts as alive for up to "
                 f"{grace:.0f} s), or pass --force"
             )
+        other = await _other_shards(redis, keys)
+        if other is not None:
+            raise InvalidState(other)
     report = Migration()
     marker = marker_key(keys)
     if not dry_run:
@@ -165,6 +168,28 @@ async def migrate(
         await redis.delete(marker)
     report.seconds = time.monotonic() - started
     return report
+
+
+async def _other_shards(redis: Redis, keys: Keys) -> str | None:
+    """Why the deployment looks like it ran with another SHARDS, or None. Its workers create
+    every shard's jobs stream; the new tags depend on SHARDS, so keys moved with a wrong one
+    would be out of sight of the deployment's processes."""
+    old, beyond = old_keys(keys), Keys(keys.prefix, keys.shards + 1, legacy=True)
+    async with redis.pipeline(transaction=False) as pipe:
+        for shard in keys.all_shards():
+            pipe.exists(old.jobs(shard))
+            pipe.exists(keys.jobs(shard))  # moved already, by a run that stopped midway
+        pipe.exists(beyond.jobs(keys.shards))
+        found = await pipe.execute()
+    present = sum(1 for i in range(keys.shards) if found[2 * i] or found[2 * i + 1])
+    if found[-1] or 0 < present < keys.shards:
+        seen = f"{keys.shards} shards and more" if found[-1] else f"{present} shards"
+        return (
+            f"the jobs streams of KEY_PREFIX={keys.prefix} are those of {seen}, not of "
+            f"SHARDS={keys.shards}: run this with the SHARDS the deployment runs with (the new "
+            "tags depend on it), or pass --force"
+        )
+    return None
 
 
 def _glob(prefix: str) -> str:

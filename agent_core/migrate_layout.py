@@ -1,7 +1,8 @@
 """``python -m agent_core.migrate_layout``: move a deployment's keys to the new key layout.
 
 Reads REDIS_URL, KEY_PREFIX, SHARDS and REDIS_CLUSTER as ``web`` and ``worker`` do. Stop every
-web and worker first: it refuses while workers are alive (``--force`` goes on anyway). It
+web and worker first: it refuses while workers are alive, and when the keys look like those of
+another SHARDS (``--force`` goes on anyway). It
 prints what it moved, shard by shard; run it again after a crash and it finishes; once done,
 running it again moves nothing. ``--dry-run`` only counts. How it moves keys:
 :mod:`agent_core.layout`.
@@ -86,7 +87,11 @@ def main(argv: list[str] | None = None) -> None:
         description="Move a deployment's Redis keys from the old layout ({prefix:N} hash "
         "tags) to the new one. Stop every web and worker first.",
     )
-    parser.add_argument("--force", action="store_true", help="go on while workers are alive")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="go on while workers are alive, or when the keys look like another SHARDS's",
+    )
     parser.add_argument("--dry-run", action="store_true", help="count the keys, move none")
     args = parser.parse_args(argv)
     try:
