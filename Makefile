@@ -17,7 +17,7 @@ RUN_REDIS_URL  := redis://127.0.0.1:$(RUN_REDIS_PORT)/0
 # Exit 0 when a Redis answers PING on the run port (redis-cli may be absent: use redis-py).
 RUN_REDIS_PING := $(VPY) -c "import redis,sys; sys.exit(0 if redis.Redis(host='127.0.0.1', port=$(RUN_REDIS_PORT), socket_connect_timeout=0.5).ping() else 1)" >/dev/null 2>&1
 
-.PHONY: install .venv redis-check chromium-check test run stop-redis lint format bench soak clean distclean
+.PHONY: install .venv redis-check chromium-check test run stop-redis migrate-layout lint format bench soak clean distclean
 
 # ------------------------------------------------------------------------ environment
 $(VPY):
@@ -134,6 +134,14 @@ run: install redis-check
 	  exec $(VPY) -m playground; \
 	fi; \
 	exec $(VENV)/bin/honcho start -f Procfile
+
+# Moves a deployment's keys from the old layout ({prefix:N} hash tags) to the new one: web and
+# worker refuse to start until it has run. Stop every web and worker first. Reads REDIS_URL,
+# KEY_PREFIX and SHARDS like them (REDIS_URL unset: the Redis of `make run`).
+# MIGRATE_ARGS="--dry-run" only counts; "--force" goes on while workers are alive.
+MIGRATE_ARGS ?=
+migrate-layout: install
+	REDIS_URL="$${REDIS_URL:-$(RUN_REDIS_URL)}" $(VPY) -m agent_core.migrate_layout $(MIGRATE_ARGS)
 
 # Stops only the redis-server that `make run` started (found by its pidfile).
 stop-redis:

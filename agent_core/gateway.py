@@ -24,6 +24,7 @@ from .events import EventConsumer
 from .exceptions import ArgsHashMismatch, GateNotFound, InvalidState, RunNotFound
 from .keys import Keys
 from .models import ContinueOutcome, DecideResult, Decision, Gate, GateStatus, Run, RunStatus
+from .placement import ShardPicker
 from .streams import is_cluster, stream_groups
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class Gateway:
         self._retry = redis.register_script(reopen_scripts.RETRY_RUN)
         self._continue = redis.register_script(reopen_scripts.CONTINUE_RUN)
         self._check_cursor = (0, 0)
+        self.placement = ShardPicker(redis, self.keys)
 
     # --- runs -------------------------------------------------------------------------
     async def start_run(
@@ -123,8 +125,10 @@ class Gateway:
             raise ValueError("idempotency_key must be 1 to 200 characters")
         k = self.keys
         # With an idempotency key the run goes to that key's shard: the key and the run are
-        # written by one single-slot script.
-        run_id = k.new_run_id(k.shard_for(idempotency_key) if idempotency_key else None)
+        # written by one single-slot script. Without, to an even share of each master.
+        run_id = k.new_run_id(
+            k.shard_for(idempotency_key) if idempotency_key else self.placement.pick()
+        )
         shard = k.shard_of(run_id)
         now = time.time()
         fields = {

@@ -1,24 +1,37 @@
 """Every Redis key name the project uses, built in one place.
 
 Runs are spread over ``shards`` (default 16, fixed for a deployment: SHARDS). Every key of a
-run carries its shard's hash tag (``{agw:3}:run:…``), and so do that shard's streams and
+run carries its shard's hash tag (``{agw:3:04mz}:run:…``), and so do that shard's streams and
 indexes (jobs, events, deadlines, active and finished runs): every multi-key Lua script
 touches one slot, and on Redis Cluster the shards spread over the nodes. Run ids and gate ids
 encode their shard in their first two characters (base 36), so a click finds its slot
 without a lookup. A few keys belong to no run (a bot's locks, request de-duplication): they
 carry the deployment's own tag ``{agw}``.
 
+Balanced tags: the 16384 cluster slots are cut into ``shards`` equal slices, and shard ``s``'s
+tag is ``{prefix:s:xxxx}`` with the 4-character suffix that makes it hash to the first slot
+of slice ``s``, ``ceil(16384 * s / shards)``. So an even split of the slots over M masters
+(what ``redis-cli --cluster create`` makes) gives each master floor or ceil(shards / M) shards,
+whatever the prefix (the old tags, ``{prefix:s}``, fell where their CRC16 put them: 4 / 5 /
+7 of 16 over 3 masters for ``agw``). The old layout is ``Keys(..., legacy=True)``: only
+:mod:`agent_core.layout` uses it, to find a deployment's keys left there and move them
+(``python -m agent_core.migrate_layout``).
+
 No key name is ever built inside Lua: scripts receive every key in KEYS.
 """
 
 from __future__ import annotations
 
+import binascii
+import functools
+import math
 import secrets
 import zlib
 
 DEFAULT_PREFIX = "agw"
 DEFAULT_SHARDS = 16
 MAX_SHARDS = 36 * 36  # two base-36 characters in every id
+SLOTS = 16384  # Redis Cluster's hash slots
 
 _B36 = "0123456789abcdefghijklmnopqrstuvwxyz"
 _RUN_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -36,24 +49,81 @@ def decode_shard(text: str) -> int | None:
     return None if hi < 0 or lo < 0 else hi * 36 + lo
 
 
+def key_slot(tag: str) -> int:
+    """The cluster slot of a hash tag's content (``agw:3:04mz`` for ``{agw:3:04mz}``): CRC16
+    (XMODEM) mod 16384, as Redis computes it."""
+    return binascii.crc_hqx(tag.encode(), 0) % SLOTS
+
+
+def first_slot(shard: int, shards: int) -> int:
+    """The first slot of a shard's slice: slice ``s`` holds the slots ``x`` with
+    ``x * shards // 16384 == s``."""
+    return math.ceil(SLOTS * shard / shards)
+
+
+@functools.cache
+def _suffixes() -> dict[int, str]:
+    """Every 14-bit value the CRC16 of a 3-character base-36 string can have, with the first
+    such string (in base-36 order): 16287 of the 16384 values."""
+    table: dict[int, str] = {}
+    for a in _B36:
+        for b in _B36:
+            for c in _B36:
+                table.setdefault(binascii.crc_hqx((a + b + c).encode(), 0) % SLOTS, a + b + c)
+    return table
+
+
+def balanced_suffix(head: str, slot: int) -> str:
+    """The 4 base-36 characters that make ``head + suffix`` hash to ``slot``.
+
+    CRC16 with a zero start and no final XOR is linear: the CRC of ``h + m`` (``m`` of 3
+    bytes) is ``crc(m) ^ crc(b"\\0\\0\\0", start=crc(h))``. So for each first character
+    (in base-36 order) the 3 others are one table lookup, instead of a search through about
+    16384 candidates per shard (1296 shards stay a few milliseconds).
+    """
+    for first in _B36:
+        state = binascii.crc_hqx((head + first).encode(), 0)
+        need = (binascii.crc_hqx(b"\0\0\0", state) ^ slot) % SLOTS
+        rest = _suffixes().get(need)
+        if rest is not None:
+            return first + rest
+    raise AssertionError(f"no suffix hashes {head!r} to slot {slot}")  # 36 misses: never seen
+
+
 class Keys:
     """Key names under one prefix (one per deployment; tests use their own)."""
 
-    def __init__(self, prefix: str = DEFAULT_PREFIX, shards: int = DEFAULT_SHARDS) -> None:
+    def __init__(
+        self, prefix: str = DEFAULT_PREFIX, shards: int = DEFAULT_SHARDS, *, legacy: bool = False
+    ) -> None:
+        """``legacy``: the old layout's tags (``{agw:3}``), for moving a deployment's keys."""
         if not prefix or any(c in prefix for c in "{}: "):
             raise ValueError(f"invalid key prefix {prefix!r}")
         if not 1 <= shards <= MAX_SHARDS:
             raise ValueError(f"shards must be 1 to {MAX_SHARDS}")
         self.prefix = prefix
         self.shards = shards
+        self.legacy = legacy
         self._global = "{" + prefix + "}"
+        self._tags: dict[int, str] = {}
 
     # --- shards and ids ---------------------------------------------------------------
     def tag(self, shard: int) -> str:
-        """The hash tag of a shard, e.g. ``{agw:3}``."""
-        if not 0 <= shard < self.shards:
-            raise ValueError(f"no shard {shard} (SHARDS={self.shards})")
-        return "{" + f"{self.prefix}:{shard}" + "}"
+        """The hash tag of a shard, e.g. ``{agw:3:04mz}`` (``{agw:3}`` in the legacy layout),
+        computed once per shard."""
+        tag = self._tags.get(shard)
+        if tag is None:
+            if not 0 <= shard < self.shards:
+                raise ValueError(f"no shard {shard} (SHARDS={self.shards})")
+            head = f"{self.prefix}:{shard}"
+            if not self.legacy:
+                head += ":" + balanced_suffix(head + ":", first_slot(shard, self.shards))
+            tag = self._tags[shard] = "{" + head + "}"
+        return tag
+
+    def slot(self, shard: int) -> int:
+        """The cluster slot of a shard's keys."""
+        return key_slot(self.tag(shard)[1:-1])
 
     def all_shards(self) -> range:
         return range(self.shards)
@@ -169,9 +239,12 @@ class Keys:
     def shard_of_stream(self, stream: str) -> int:
         """The shard a stream key (jobs, events and their dead letters) belongs to."""
         head = f"{{{self.prefix}:"
-        if not stream.startswith(head):
-            raise ValueError(f"{stream!r} is not a stream of this deployment")
-        return int(stream[len(head) : stream.index("}")])
+        number = stream[len(head) : stream.find("}")].split(":")[0]
+        if stream.startswith(head) and number.isascii() and number.isdigit():
+            shard = int(number)
+            if shard < self.shards and stream.startswith(self.tag(shard)):
+                return shard
+        raise ValueError(f"{stream!r} is not a stream of this deployment")
 
     # --- extensions -------------------------------------------------------------------
     def ext(self, namespace: str, ident: str, shard: int | None = None) -> str:

@@ -24,7 +24,7 @@ from openai import AsyncOpenAI
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from . import metrics, presence, scripts
+from . import layout, metrics, presence, scripts
 from .agent import Agent
 from .connections import connect_redis, redacted
 from .exceptions import ConfigError, GateNotFound, LeaseLost
@@ -135,7 +135,13 @@ class Worker:
         self.stopping = stop if stop is not None else asyncio.Event()
 
     async def run(self) -> None:
-        """Serve until :meth:`stop`; in-flight jobs get a short grace period."""
+        """Serve until :meth:`stop`; in-flight jobs get a short grace period. Raises
+        :class:`ConfigError` at once when Redis holds this deployment's runs in the old key
+        layout (:mod:`agent_core.layout`): it would not see them."""
+        try:
+            await layout.refuse_old_layout(self.redis, self.keys)
+        except (RedisError, OSError) as exc:
+            log.warning("could not check the key layout (%s)", type(exc).__name__)
         log.info(
             "worker %s serving %s %s (%s, %d shards)",
             self.name,

@@ -6,6 +6,9 @@ the configured agents none serves, and a ``problem`` text (``"status": "degraded
 started here would stay queued or fail: no worker (and the other KEY_PREFIXes that have
 workers in this Redis), another SHARDS, or a missing agent. The web still takes tasks then:
 a 200 keeps it in a load balancer's rotation, where it queues runs for the workers to come.
+Keys of this KEY_PREFIX in the old key layout (written by a process of the previous version
+after this one started) make it ``"degraded"`` too, with a ``layout`` field naming the fix;
+found at start, they stop the process (:mod:`agent_core.layout`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agent_core import Agent, ConfigError, Gateway, Keys, Settings, metrics
 from agent_core.connections import connect_redis, redacted
+from agent_core.layout import old_layout_problem, refuse_old_layout
 from agent_core.settings import exit_on_config_error, importable_from_cwd, load_agents
 from agent_core.streams import is_cluster
 
@@ -55,6 +59,8 @@ HEALTH_PATH = "/healthz"
 MAX_BODY_BYTES = 1024 * 1024
 # How long the web process waits for a worker to show up before it warns that none did.
 WORKERS_GRACE_SECONDS = 5.0
+# How long /healthz reuses its look for keys in the old key layout.
+LAYOUT_CACHE_SECONDS = 10.0
 
 
 def build_web_app(
@@ -109,17 +115,34 @@ def build_web_app(
             return web.json_response({"error": "internal error"}, status=500)
         return await to_aiohttp_response(bolt_resp)
 
+    layout_seen: list[tuple[float, str | None]] = []
+
+    async def layout_problem() -> str | None:
+        """The old key layout's keys (read at most every LAYOUT_CACHE_SECONDS)."""
+        if keys is None:
+            return None
+        now = asyncio.get_running_loop().time()
+        if not layout_seen or now - layout_seen[0][0] >= LAYOUT_CACHE_SECONDS:
+            layout_seen[:] = [(now, await old_layout_problem(redis, keys))]
+        return layout_seen[0][1]
+
     async def healthz(request: web.Request) -> web.Response:
         try:
             await asyncio.wait_for(redis.ping(), timeout=2.0)
+            old_layout = await asyncio.wait_for(layout_problem(), timeout=2.0)
             if agents is None or not agents.knows_workers:
-                return web.json_response({"ok": True})
+                if old_layout is None:
+                    return web.json_response({"ok": True})
+                return web.json_response({"ok": True, "status": "degraded", "layout": old_layout})
             report = await asyncio.wait_for(agents.workers(look_elsewhere=True), timeout=2.0)
         except (RedisError, OSError, TimeoutError) as exc:
             return web.json_response({"ok": False, "redis": type(exc).__name__}, status=503)
         workers = report.as_dict()
-        status = "degraded" if workers["problem"] else "ok"
-        return web.json_response({"ok": True, "status": status, "workers": workers})
+        status = "degraded" if workers["problem"] or old_layout else "ok"
+        body: dict[str, Any] = {"ok": True, "status": status, "workers": workers}
+        if old_layout is not None:
+            body["layout"] = old_layout
+        return web.json_response(body)
 
     if verifier is not None and not settings.socket_mode:
         web_app.router.add_post(EVENTS_PATH, slack_events)
@@ -480,9 +503,15 @@ async def serve(settings: BotSettings, core: Settings) -> None:
         raise ConfigError(
             f"REDIS_URL: cannot reach Redis at {redacted(core.redis_url)} ({type(exc).__name__})"
         ) from None
+    keys = Keys(core.key_prefix, core.shards)
+    try:
+        await refuse_old_layout(redis, keys)
+    except ConfigError:
+        await redis.aclose()
+        raise
     gateway = Gateway(
         redis,
-        Keys(core.key_prefix, core.shards),
+        keys,
         agent_name=agents[0].name,
         events_maxlen=core.events_maxlen,
         decision_replicas=core.decision_replicas,

@@ -311,11 +311,13 @@ def cluster_lines(one: ThroughputResults, cl: ClusterThroughput) -> list[str]:
         shards = list(cl.shards_per_master.values())
         lines.append(
             f"- Key spread: busiest ÷ least busy master {min(worst):.2f}x to {max(worst):.2f}x "
-            f"(target ≤ {SPREAD_TARGET}x: {'met' if met else '**not met**'}). Runs pick a "
-            f"shard at random, so keys follow the shards: the {KEYS.shards} shards' hash tags "
-            f"fall {' / '.join(map(str, shards))} on the {cl.masters} masters' slot ranges"
+            f"(target ≤ {SPREAD_TARGET}x: {'met' if met else '**not met**'}). A new run "
+            "goes to a master at random, then to one of its shards, so every master gets the "
+            f"same share whatever its shards; the {KEYS.shards} shards' hash tags fall "
+            f"{' / '.join(map(str, shards))} on the {cl.masters} masters' slot ranges"
             + (
-                f" ({max(shards) / min(shards):.2f}x), which sets the spread."
+                f" ({max(shards) / min(shards):.2f}x), which bounds runs started with an "
+                "idempotency key (Slack commands and mentions: their shard is the key's)."
                 if shards and min(shards) > 0
                 else "."
             )

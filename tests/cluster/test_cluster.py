@@ -22,7 +22,7 @@ import redis.exceptions as redis_errors
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from agent_core import Gateway, Keys, RunStatus, Settings
+from agent_core import Gateway, Keys, Run, RunStatus, Settings
 from agent_core.connections import connect_redis
 from agent_core.streams import is_cluster
 from agent_core.testing import FakeOpenAI, call, reply
@@ -132,21 +132,70 @@ async def test_runs_spread_over_the_masters(
     client: Redis, clean_cluster: ClusterServer, fake_openai: FakeOpenAI
 ) -> None:
     keys = Keys("c")
+    # The shards' tags hash to the first slot of their slices: 16 over 3 masters is 6 / 5 / 5.
+    shards = Counter(clean_cluster.master_of_key(keys.jobs(s)) for s in keys.all_shards())
+    assert sorted(shards.values()) == [5, 5, 6], shards
     gw = Gateway(client, keys, agent_name=ops.name)
-    runs = [await gw.start_run(f"task {i}", requested_by="U1") for i in range(48)]
-    masters = Counter(clean_cluster.master_of_key(keys.run(r.run_id)) for r in runs)
-    assert len(masters) == 3, masters  # 16 shards over 3 masters
+    # A master at random, then one of its shards: the same share of runs on each master
+    # although one has a shard more (4,800 runs: 1.2x is more than 4 standard deviations).
+    room = asyncio.Semaphore(64)
+
+    async def start(i: int) -> Run:
+        async with room:
+            return await gw.start_run(f"task {i}", requested_by="U1" if i >= 48 else "U2")
+
+    runs = await asyncio.gather(*(start(i) for i in range(4800)))
+    owner = {s: clean_cluster.node_for_slot(keys.slot(s)) for s in keys.all_shards()}
+    masters = Counter(owner[keys.shard_of(r.run_id)] for r in runs)
+    assert len(masters) == 3 and max(masters.values()) <= 1.2 * min(masters.values()), masters
+    sizes = [int(clean_cluster.command(p, "DBSIZE")) for p in clean_cluster.masters()]
+    assert max(sizes) <= 1.2 * min(sizes), sizes
     # Every key of a run is in its shard's slot, with that shard's jobs stream.
     for r in runs[:5]:
         slot = key_slot(keys.run(r.run_id))
         shard = keys.shard_of(r.run_id)
         assert {key_slot(k) for k in (keys.history(r.run_id), keys.jobs(shard))} == {slot}
     # The per-user index reads every shard.
-    mine = await gw.runs_for_user("U1", limit=100)
-    assert sorted(r.run_id for r in mine) == sorted(r.run_id for r in runs)
+    mine = await gw.runs_for_user("U2", limit=100)
+    assert sorted(r.run_id for r in mine) == sorted(r.run_id for r in runs[:48])
     # Idempotent starts land in the key's shard, on whichever master has it.
     again = await gw.start_run("task x", requested_by="U1", idempotency_key="trigger-7")
     assert (await gw.start_run("task x", requested_by="U1", idempotency_key="trigger-7")) == again
+    assert keys.shard_of(again.run_id) == keys.shard_for("trigger-7")
+
+
+async def test_new_runs_follow_the_shards_moved_between_masters(
+    client: Redis, clean_cluster: ClusterServer
+) -> None:
+    keys = Keys("c")
+    gw = Gateway(client, keys, agent_name=ops.name)
+    gw.placement.refresh = 0  # read the client's slot table at every start
+    # Every shard of one master moves to another: that master has none left.
+    emptied, target = clean_cluster.masters()[:2]
+    slots = [
+        keys.slot(s)
+        for s in keys.all_shards()
+        if clean_cluster.node_for_slot(keys.slot(s)) == emptied
+    ]
+    await asyncio.to_thread(clean_cluster.migrate_slots, slots, target)
+    try:
+        for shard in keys.all_shards():  # traffic teaches the client the new owners (MOVED)
+            await client.exists(keys.jobs(shard))
+        groups = gw.placement.shards_by_master()
+        assert len(groups) == 2 and sorted(s for g in groups for s in g) == list(range(16))
+        room = asyncio.Semaphore(32)
+
+        async def start(i: int) -> Run:
+            async with room:
+                return await gw.start_run(f"task {i}", requested_by="U1")
+
+        runs = await asyncio.gather(*(start(i) for i in range(1000)))
+        owner = {s: clean_cluster.node_for_slot(keys.slot(s)) for s in keys.all_shards()}
+        masters = Counter(owner[keys.shard_of(r.run_id)] for r in runs)
+        assert emptied not in masters and len(masters) == 2, masters
+        assert max(masters.values()) <= 1.35 * min(masters.values()), masters
+    finally:
+        await asyncio.to_thread(clean_cluster.migrate_slots, slots, emptied)
 
 
 async def test_the_gate_promises_hold_on_the_cluster(
