@@ -83,7 +83,10 @@ async def test_a_nested_approval_is_shown_and_decided_in_the_parents_thread(
     assert not any(t.startswith("Refunded.") for t in texts)
     root = bot.fake.message(CHANNEL, run.origin["thread_ts"])
     assert root is not None and "refund order 7 for the customer" in root.text
-    assert f"Run `{run_id}` · ✅ completed" in str(root.blocks)
+    # The root message is updated right after the answer is posted (same event).
+    await bot.fake.wait_for(
+        lambda f: f.shows(CHANNEL, run.origin["thread_ts"], f"Run `{run_id}` · ✅ completed")
+    )
 
 
 async def test_cancelling_the_parent_tells_a_childs_approved_call_it_never_ran(
