@@ -112,7 +112,8 @@ soak: install redis-check
 # tests/cluster/), web and workers given only a node's URL and DECISION_REPLICAS=1; instead of
 # the Redis restarts, a master is SIGKILLed a few times (its replica is promoted, then the killed
 # node rejoins as a replica). Prints master failovers where `soak` prints Redis restarts. Same
-# knobs; its logs (and the nodes' logs and files, in cluster/) stay in $(SOAK_CLUSTER_BASETEMP).
+# knobs (11-15 min by default); its logs (and the nodes' logs and files, in cluster/) stay in
+# $(SOAK_CLUSTER_BASETEMP).
 SOAK_CLUSTER_BASETEMP ?= $(CURDIR)/var/soak-cluster
 soak-cluster: install redis-check
 	@mkdir -p "$(dir $(SOAK_CLUSTER_BASETEMP))"
