@@ -1,4 +1,6 @@
 # Developer entry points. `make test` is what CI runs (through .ci/run).
+# `make soak` is the chaos soak on one redis-server; `make soak-cluster` the same soak on a local
+# Redis Cluster (3 masters + 3 replicas) whose masters are SIGKILLed and failed over.
 SHELL := /bin/bash
 .DEFAULT_GOAL := test
 
@@ -17,7 +19,7 @@ RUN_REDIS_URL  := redis://127.0.0.1:$(RUN_REDIS_PORT)/0
 # Exit 0 when a Redis answers PING on the run port (redis-cli may be absent: use redis-py).
 RUN_REDIS_PING := $(VPY) -c "import redis,sys; sys.exit(0 if redis.Redis(host='127.0.0.1', port=$(RUN_REDIS_PORT), socket_connect_timeout=0.5).ping() else 1)" >/dev/null 2>&1
 
-.PHONY: install .venv redis-check chromium-check test run stop-redis migrate-layout lint format bench soak clean distclean
+.PHONY: install .venv redis-check chromium-check test run stop-redis migrate-layout lint format bench soak soak-cluster clean distclean
 
 # ------------------------------------------------------------------------ environment
 $(VPY):
@@ -105,6 +107,18 @@ soak: install redis-check
 	@mkdir -p "$(dir $(SOAK_BASETEMP))"
 	SOAK_SECONDS=$(SOAK_SECONDS) $(VPY) -m pytest -q -s -p no:cacheprovider \
 	  --basetemp=$(SOAK_BASETEMP) tests/soak/test_soak.py $(PYTEST_ARGS)
+
+# The same soak and verdict on a local Redis Cluster (3 masters + 3 replicas on loopback, as in
+# tests/cluster/), web and workers given only a node's URL and DECISION_REPLICAS=1; instead of
+# the Redis restarts, a master is SIGKILLed a few times (its replica is promoted, then the killed
+# node rejoins as a replica). Prints master failovers where `soak` prints Redis restarts. Same
+# knobs (11-15 min by default); its logs (and the nodes' logs and files, in cluster/) stay in
+# $(SOAK_CLUSTER_BASETEMP).
+SOAK_CLUSTER_BASETEMP ?= $(CURDIR)/var/soak-cluster
+soak-cluster: install redis-check
+	@mkdir -p "$(dir $(SOAK_CLUSTER_BASETEMP))"
+	SOAK_CLUSTER=1 SOAK_SECONDS=$(SOAK_SECONDS) $(VPY) -m pytest -q -s -p no:cacheprovider \
+	  --basetemp=$(SOAK_CLUSTER_BASETEMP) tests/soak/test_soak.py $(PYTEST_ARGS)
 
 # ------------------------------------------------------------------------ run
 # Starts web + worker with honcho. Without REDIS_URL, starts (or reuses) a local append-only

@@ -267,12 +267,14 @@ class Notifier:
                 )
 
     async def _mark_unless_known(self, gate_id: str, result: cards.ToolResult) -> None:
-        """Store ``result`` unless the call's outcome (its tool.executed) is already there."""
+        """Store ``result`` unless the call's outcome (its tool.executed) is already there,
+        then show the card. Shown either way: a result found stored may be this event's own,
+        stored by an earlier delivery that could not show it (the card's lock busy, the
+        process killed); showing what is already shown costs nothing (the card's digest)."""
         async with self.store.lock(f"result:{gate_id}"):
             rec = await self.store.card(gate_id)
-            if rec.result is not None:
-                return
-            await self.store.set_result(gate_id, result)
+            if rec.result is None:
+                await self.store.set_result(gate_id, result)
         await self.publisher.show_gate(gate_id)
 
     async def _tool_executed(

@@ -459,3 +459,32 @@ async def test_a_card_the_click_updated_is_not_rendered_again_by_the_notifier(
         assert rendered == [gate.gate_id], "control: not known to show it, it is rendered"
     finally:
         ctx.publisher.show_gate = show_gate  # type: ignore[method-assign]
+
+
+async def test_a_cancel_delivered_again_after_its_card_was_busy_still_shows_never_ran(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """The cancel's "never ran" is stored, then the card's lock is held by another (a click's
+    update stalled by a Redis failover, a web process killed while updating it): the event is
+    left pending. Delivered again, it shows what it stored. (Seen in the cluster soak: the
+    second delivery found the result stored and returned without showing it; the card said
+    "Running…" for good.)"""
+    run_id, (gate,) = await approved_with_no_worker(live, fake_openai, "cancel, card busy", 1)
+    data = {
+        "run_id": run_id,
+        "by": "U0REQ",
+        "origin": gate.origin,
+        "never_ran": [gate.gate_id],
+        "running": [],
+    }
+    stream = live.keys.events(live.keys.shard_of(run_id))
+    fields = {"type": "run.cancelled", "run_id": run_id, "data": json.dumps(data)}
+    event = parse_event(StreamMessage("1-1", fields, 1, stream))
+    ctx = live.server.context
+    replica = Notifier(live.gateway, ctx.publisher, ctx.store, consumer="web-replica")
+    async with ctx.store.lock(f"gate:{gate.gate_id}"):
+        assert not await replica.handle_safely(event), "the card is busy: left pending"
+    assert "Running…" in str((await live.card(gate.gate_id)).blocks)
+    assert await replica.handle_safely(event)  # delivered again
+    msg = await live.wait_card(gate.gate_id, "Never ran", timeout=2)
+    assert "Running…" not in str(msg.blocks)

@@ -2,7 +2,9 @@
 
 :class:`Proc` is a ``web`` or ``worker`` process the soak started (signalled by its own PID
 only). :class:`Chaos` SIGKILLs workers and ``web`` and restarts them, SIGKILLs ``redis-server``
-and restarts it from its append-only file, pauses a worker (SIGSTOP) past its lease and
+and restarts it from its append-only file (on Redis Cluster: SIGKILLs a master, waits for its
+replica's promotion, then restarts the killed node from its files, a replica of its successor,
+so that the next kill finds a replica too), pauses a worker (SIGSTOP) past its lease and
 continues it (sometimes mid-tool, found through the tools' journal), counting the takeovers,
 and restarts a process that exited by itself, like a supervisor. Every fault is written to
 ``chaos.log``; a fault that hits while a child run (a sub-agent's) is active is counted apart,
@@ -12,6 +14,7 @@ and so is a killed or paused worker that held a child run's lease.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
 import random
@@ -20,17 +23,36 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from agent_core import Keys
+from tests.redis_cluster import ClusterServer
 from tests.redis_server import RedisServer
-from tests.soak.config import PAUSE_SECONDS, REPO
+from tests.soak.config import PAUSE_SECONDS, REPO, redis_failed
 from tests.soak.people import op_depth
+
+T = TypeVar("T")
+
+# The Redis faults, as counted (one kind per soak).
+REDIS_RESTARTS = "Redis SIGKILLs (restarted from the AOF)"
+FAILOVERS = "master failovers (master SIGKILLed, replica promoted, node rejoined as a replica)"
+
+
+async def in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread (the cluster's calls sleep while they wait), waited for even
+    when the calling task is cancelled meanwhile: a failover or a restart is never left
+    half-way while the end of the soak heals the cluster."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await fut
+        raise
 
 
 # --------------------------------------------------------------------------- processes
@@ -82,7 +104,9 @@ class Chaos:
 
     # Set by Soak.__init__ (tests/soak/test_soak.py).
     rng: random.Random
-    redis_server: RedisServer
+    redis_server: RedisServer | None  # one redis-server ...
+    cluster: ClusterServer | None  # ... or a Redis Cluster
+    redis_down: bool  # a Redis fault is under way (the server, or a master, is down)
     redis: Redis
     keys: Keys
     counts: Counter[str]
@@ -125,7 +149,9 @@ class Chaos:
                 for run_id in run_ids:
                     pipe.hget(self.keys.run(run_id), "parent")
                 parents = await pipe.execute()
-        except (RedisError, OSError):
+        except Exception as exc:
+            if not redis_failed(exc):
+                raise
             return []
         return [r for r, parent in zip(run_ids, parents, strict=True) if parent]
 
@@ -173,19 +199,72 @@ class Chaos:
             self.web.start()
 
     async def restart_redis(self, at: list[float]) -> None:
+        server = self.redis_server
+        assert server is not None
         for t in at:
             await asyncio.sleep(max(0.0, t - time.monotonic()))
             if not self.chaos:
                 return
-            self.redis_server.kill()
+            self.redis_down = True
+            server.kill()
             self.note("SIGKILL redis-server")
             down = time.monotonic()
-            self.counts["Redis SIGKILLs (restarted from the AOF)"] += 1
+            self.counts[REDIS_RESTARTS] += 1
             self.fault_hit("Redis SIGKILL")
             await asyncio.sleep(self.rng.uniform(0.3, 2))
-            self.redis_server.start()
+            server.start()
+            self.redis_down = False
             self.note("redis-server restarted from its AOF")
             self.redis_outages.append((down, time.monotonic()))
+
+    def masters_with_a_replica(self) -> list[int]:
+        """The ports of the cluster's masters that have a replica (blocking: in a thread)."""
+        cluster = self.cluster
+        assert cluster is not None
+        return [m for m in cluster.masters() if cluster.replicas(m)]
+
+    async def fail_over_masters(self, at: list[float]) -> None:
+        """At each of ``at``: SIGKILL a master, wait until its replica serves its slots and
+        the cluster is ok (an outage for that master's shards), then start the killed node
+        again from its AOF and ``nodes.conf``: it rejoins as a replica of its successor."""
+        cluster = self.cluster
+        assert cluster is not None
+        for t in at:
+            await asyncio.sleep(max(0.0, t - time.monotonic()))
+            if not self.chaos:
+                return
+            masters = await in_thread(self.masters_with_a_replica)
+            if not masters:
+                self.note("no master has a replica: no failover this time")
+                self.counts["failovers skipped (no master had a replica)"] += 1
+                continue
+            victim = self.rng.choice(masters)
+            pid = cluster.pid(victim)
+            self.redis_down = True
+            down = time.monotonic()
+            self.note(f"SIGKILL master {victim} pid {pid} (its replica is to take over)")
+            self.fault_hit("master SIGKILL")
+            try:
+                f = await in_thread(cluster.failover_master, victim, 60.0)
+            except AssertionError as exc:  # not ok within 60 s: healed at the end
+                self.note(f"the failover of {victim} did not complete: {str(exc)[:300]}")
+                self.counts["failovers not complete within 60 s"] += 1
+                continue
+            finally:
+                self.redis_down = False
+                self.redis_outages.append((down, time.monotonic()))
+            self.counts[FAILOVERS] += 1
+            self.note(
+                f"replica {f.new_port} promoted {f.promoted_after:.2f} s after the kill; "
+                f"cluster ok after {f.seconds:.2f} s"
+            )
+            key = "longest failover, kill to cluster ok (ms)"
+            self.counts[key] = max(self.counts[key], round(f.seconds * 1000))
+            await asyncio.sleep(self.rng.uniform(0.3, 2))
+            took = await in_thread(cluster.restart, victim, 60.0)
+            self.note(f"node {victim} restarted from its AOF: a synced replica after {took:.2f} s")
+            key = "longest rejoin of a killed master as a replica (ms)"
+            self.counts[key] = max(self.counts[key], round(took * 1000))
 
     def tail_journal(self) -> None:
         """Read the journal's new complete lines: which tools are running now, in which pid."""
@@ -222,20 +301,22 @@ class Chaos:
                     for s in self.keys.all_shards()
                     for r in await self.redis.zrange(self.keys.active(s), 0, -1)
                 ]
+                # TIME on its own: a cluster pipeline cannot carry a keyless command.
+                secs, micros = await self.redis.time()
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.time()
                     for run_id in ids:
                         pipe.hmget(self.keys.run(run_id), "fence", "lease_owner", "lease_until")
                     res = await pipe.execute()
                 break
-            except (RedisError, OSError):
+            except Exception as exc:
+                if not redis_failed(exc):
+                    raise
                 if attempt == 2:
                     return None
                 await asyncio.sleep(0.1)
-        secs, micros = res[0]
         now = secs + micros / 1e6
         held: dict[str, int] = {}
-        for run_id, (fence, owner, until) in zip(ids, res[1:], strict=True):
+        for run_id, (fence, owner, until) in zip(ids, res, strict=True):
             # Worker names are <host>-<pid>-<hex> (agent_core.worker.Worker).
             parts = (owner or "").rsplit("-", 2)
             if len(parts) == 3 and parts[1] == str(pid) and float(until or 0) > now:
@@ -251,7 +332,9 @@ class Chaos:
                         pipe.hget(self.keys.run(run_id), "fence")
                     res = await pipe.execute()
                 return {r: int(f or 0) for r, f in zip(run_ids, res, strict=True)}
-            except (RedisError, OSError):
+            except Exception as exc:
+                if not redis_failed(exc):
+                    raise
                 await asyncio.sleep(0.2)
         return None
 
@@ -277,7 +360,7 @@ class Chaos:
                     self.counts["pauses that waited for a tool in vain (paused anyway)"] += 1
             # Not while Redis is down: the leases it holds could not be looked at.
             for _ in range(100):
-                if self.redis_server.running or not self.chaos:
+                if not self.redis_down or not self.chaos:
                     break
                 await asyncio.sleep(0.1)
             proc = w.proc

@@ -60,6 +60,15 @@ The rest, at every depth:
   once the decision or the run is in Redis; only a Redis outage longer than that 2 s budget
   excuses it, counted apart).
 
+On Redis Cluster (``SOAK_CLUSTER=1``, ``make soak-cluster``): the same soak, load and verdict
+on a local cluster of 3 masters and 3 replicas (:class:`tests.redis_cluster.ClusterServer`,
+every node append-only with ``appendfsync always``), with ``web`` and the workers given only a
+node's URL (they detect the cluster) and ``DECISION_REPLICAS=1``; the soak's own reads use the
+cluster client and its events audit reads each shard's stream on its own. Instead of the Redis
+restarts, a master is SIGKILLed a few times: its replica is promoted (that master's shards are
+down meanwhile, an outage like a Redis restart), then the killed node is started again from its
+files and rejoins as a replica of its successor, so that the next kill finds a replica too.
+
 Known issues (each has a strict xfail test, see KNOWN below) are counted apart and fail the
 soak only with ``SOAK_STRICT=1`` — or once their xfail mark is gone from the test that pins
 them (the fix landed: from then on they are violations). ``SOAK_SECONDS`` (default 600) is
@@ -78,12 +87,12 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import contextlib
 import os
 import random
 import subprocess
 import sys
 import time
+import traceback
 from collections import Counter
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -91,14 +100,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import RedisCluster
 
 from agent_core import Gateway, Keys, create_redis
+from agent_core.connections import create_cluster
 from agent_core.testing import FakeOpenAI
 from bot.testing import SlackClient
+from tests.redis_cluster import ClusterServer
 from tests.redis_server import RedisServer, free_port
-from tests.soak.chaos import Chaos, Proc
-from tests.soak.config import APPROVER, APPROVER2, AUDIT_GROUP, REPO, SEED
+from tests.soak.chaos import FAILOVERS, REDIS_RESTARTS, Chaos, Proc, in_thread
+from tests.soak.config import APPROVER, APPROVER2, AUDIT_GROUP, CLUSTER, REPO, SEED, redis_failed
 from tests.soak.people import CallPlan, ChildRun, GateRecord, People, RunPlan, SoakSlack
 from tests.soak.verdict import Verdict
 
@@ -153,11 +164,13 @@ class Soak(People, Chaos, Verdict):
     """The soak's state, its parts (people, chaos, verdict) and its phases."""
 
     def __init__(
-        self, tmp: Path, redis_server: RedisServer, slack: SoakSlack, model: FakeOpenAI
+        self, tmp: Path, store: RedisServer | ClusterServer, slack: SoakSlack, model: FakeOpenAI
     ) -> None:
         self.tmp = tmp
         self.rng = random.Random(SEED)
-        self.redis_server = redis_server
+        self.redis_server = store if isinstance(store, RedisServer) else None
+        self.cluster = store if isinstance(store, ClusterServer) else None
+        self.redis_down = False
         self.slack = slack
         self.model = model
         self.keys = Keys(PREFIX)
@@ -179,6 +192,7 @@ class Soak(People, Chaos, Verdict):
         self.web_kills: list[float] = []
         self.redis_outages: list[tuple[float, float]] = []
         self.lost: list[str] = []  # acknowledged requests whose effect never happened
+        self.harness_errors: list[str] = []  # the soak's own failures (not the gateway's)
         self.error_kinds: Counter[str] = Counter()
         self.orphans: set[str] = set()
         # Seen by the soak's own reads and its events audit: violations found along the way.
@@ -201,14 +215,19 @@ class Soak(People, Chaos, Verdict):
         self.runs_log = tmp / "runs.log"  # every run found, child runs with their parent
         self.loading = True
         self.chaos = True
-        self.redis = create_redis(redis_server.url, socket_timeout=5.0)
+        url = store.url  # on a cluster: one master's, like an operator would give
+        if self.cluster is not None:
+            # Room for the soak's many concurrent reads (its clicks wait on them).
+            self.redis = create_cluster(url, socket_timeout=5.0, max_connections=256)
+        else:
+            self.redis = create_redis(url, socket_timeout=5.0)
         self.gateway = Gateway(self.redis, self.keys, agent_name="soak")
         self.client = SlackClient(f"http://127.0.0.1:{self.port}/slack/events", SECRET, fake=slack)
         env = {
             "PATH": os.environ.get("PATH", ""),
             "HOME": os.environ.get("HOME", "/tmp"),
             "PYTHONPATH": str(REPO),
-            "REDIS_URL": redis_server.url,
+            "REDIS_URL": url,
             "KEY_PREFIX": PREFIX,
             "AGENT": "tests.soak.soak_agent:agent",
             "OPENAI_API_KEY": "sk-soak-not-a-secret",
@@ -225,6 +244,8 @@ class Soak(People, Chaos, Verdict):
             "PORT": str(self.port),
             "LOG_LEVEL": "INFO",
         }
+        if self.cluster is not None:  # a decision is acknowledged once a replica has it
+            env["DECISION_REPLICAS"] = "1"
         self.workers = [
             Proc(
                 f"worker{i}",
@@ -247,11 +268,15 @@ class Soak(People, Chaos, Verdict):
         """A Redis read of the driver's own; ``default`` while Redis is down."""
         try:
             return await coro
-        except (RedisError, OSError):
+        except Exception as exc:
+            if not redis_failed(exc):
+                raise
             return default
 
     # ------------------------------------------------------------------ phases
     async def run(self) -> None:
+        if isinstance(self.redis, RedisCluster):
+            await self.redis.initialize()  # the slot table, before the readers start
         # Before anything is published: no event is trimmed before the audit has read it.
         for shard in self.keys.all_shards():
             await self.redis.xgroup_create(
@@ -270,7 +295,7 @@ class Soak(People, Chaos, Verdict):
             for x in (
                 self.kill_workers(),
                 self.kill_web(),
-                self.restart_redis(redis_at),
+                self.fail_over_masters(redis_at) if self.cluster else self.restart_redis(redis_at),
                 self.pause_workers(),
             )
         ]
@@ -282,16 +307,15 @@ class Soak(People, Chaos, Verdict):
             await asyncio.sleep(SOAK_SECONDS)
             self.loading = False
             self.chaos = False
-            for t in chaos:  # a chaos task may be between a kill and its restart
-                t.cancel()
-            for t in chaos:
-                with contextlib.suppress(BaseException):
-                    await t
+            await self.stop_tasks(chaos)  # one may be between a kill and its restart
             for p in (*self.workers, self.web):
                 if not p.alive:
                     p.start()
-            if not self.redis_server.running:
+            if self.redis_server is not None and not self.redis_server.running:
                 self.redis_server.start()
+            if self.cluster is not None:  # a node a failover left down, started again
+                await in_thread(self.cluster.heal, 60.0)
+            self.redis_down = False
             await self.wait_web()
             drained_at = time.monotonic() + DRAIN_SECONDS
             while time.monotonic() < drained_at:
@@ -309,11 +333,33 @@ class Soak(People, Chaos, Verdict):
             self.counts["card settle seconds"] = round(time.monotonic() - settle_from)
         finally:
             self.loading = self.chaos = False
-            for t in [*chaos, *background, *self.tasks]:
-                t.cancel()
-            for t in [*chaos, *background, *self.tasks]:
-                with contextlib.suppress(BaseException):
-                    await t
+            await self.stop_tasks([*chaos, *background, *self.tasks])
+
+    async def stop_tasks(self, tasks: list[asyncio.Future[Any]]) -> None:
+        """Cancel the tasks and wait until each is done, cancelling again if need be: in the
+        first cluster soak the events auditor outlived its cancel (it kept reading) and this
+        wait hung until pytest's timeout. Such a task is noted in chaos.log. A task that
+        ended with an exception of its own left the soak blind to something: a harness
+        error, which fails the soak."""
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            cancels = 1
+            while not t.done():
+                await asyncio.wait({t}, timeout=1.0)
+                if not t.done():
+                    cancels += 1
+                    t.cancel()
+            coro = t.get_coro() if isinstance(t, asyncio.Task) else None
+            name = getattr(coro, "__qualname__", repr(t))
+            if cancels > 1:
+                self.note(f"task {name} needed {cancels} cancels")
+                self.counts[f"tasks that needed more than one cancel: {name}"] += 1
+            if not t.cancelled() and t.exception() is not None:
+                exc = t.exception()
+                assert exc is not None
+                self.note(f"task {name} died: " + "".join(traceback.format_exception(exc)))
+                self.harness_errors.append(f"task {name} died: {exc!r}")
 
     async def wait_web(self) -> None:
         end = time.monotonic() + 60
@@ -324,28 +370,57 @@ class Soak(People, Chaos, Verdict):
         raise AssertionError("web did not come up")
 
     async def wait_cards_settled(self, seconds: float) -> None:
-        """Until the bot has handled every event, and every card shows its gate's state."""
+        """Until the bot has handled every event, and every card shows its gate's state.
+
+        Handled: the bot group has nothing pending and was delivered the stream's last entry.
+        Not by the group's ``lag``: after failovers a promoted replica's ``entries-read`` is
+        off (seen: lag 842 on a stream whose last entry the group had read), and it can
+        also be NULL."""
         end = time.monotonic() + seconds
+        why: list[str] = []
         while time.monotonic() < end:
-            settled = True
+            why = []
             for shard in self.keys.all_shards():
-                groups = await self.safely(self.redis.xinfo_groups(self.keys.events(shard)), [])
+                stream = self.keys.events(shard)
+                groups = await self.safely(self.redis.xinfo_groups(stream), [])
+                info = await self.safely(self.redis.xinfo_stream(stream), {})
                 bot = next((g for g in groups if g.get("name") == "bot"), None)
-                if bot is None or bot.get("pending") != 0 or bot.get("lag") != 0:
-                    settled = False
-            if settled:
-                if not await self.card_problems():
+                last = entry_id(info.get("last-generated-id"))
+                if (
+                    bot is None
+                    or bot.get("pending") != 0
+                    or entry_id(bot.get("last-delivered-id")) < last
+                ):
+                    why.append(f"{stream}: bot group {bot}, last entry {last}")
+            if not why:
+                why = await self.card_problems()
+                if not why:
                     return
             await asyncio.sleep(1.0)
+        self.note(f"cards not settled after {seconds:.0f} s: {why[:10]}")
+        self.counts["cards not settled in time (see chaos.log)"] += 1
+
+
+def entry_id(value: object) -> tuple[int, int]:
+    """A stream entry id as numbers, to compare (``(0, 0)`` for none)."""
+    ms, _, seq = str(value or "0-0").partition("-")
+    return int(ms), int(seq or 0)
 
 
 async def test_soak(tmp_path: Path) -> None:
-    print(f"\nsoak: seed {SEED} (SOAK_SEED={SEED} reproduces it), {SOAK_SECONDS:.0f} s of chaos")
+    on = "on a Redis Cluster (3 masters + 3 replicas)" if CLUSTER else "on one redis-server"
+    print(
+        f"\nsoak: seed {SEED} (SOAK_SEED={SEED} reproduces it), {SOAK_SECONDS:.0f} s of chaos {on}"
+    )
     started = time.monotonic()
-    redis_server = RedisServer(appendonly=True).start()
+    store: RedisServer | ClusterServer
+    if CLUSTER:  # its nodes' logs and files stay with the soak's
+        store = ClusterServer(directory=tmp_path / "cluster").start()
+    else:
+        store = RedisServer(appendonly=True).start()
     try:
         with SoakSlack() as slack, FakeOpenAI() as model:
-            soak = Soak(tmp_path, redis_server, slack, model)
+            soak = Soak(tmp_path, store, slack, model)
             try:
                 await soak.run()
                 violations, _starts = await soak.verdict()
@@ -355,7 +430,7 @@ async def test_soak(tmp_path: Path) -> None:
                 await soak.redis.aclose()
             model_errors = soak.explain(model)
     finally:
-        redis_server.close()
+        store.close()
     counts = soak.counts
     print(f"soak: {time.monotonic() - started:.0f} s in all")
     for k in sorted(counts):
@@ -378,14 +453,18 @@ async def test_soak(tmp_path: Path) -> None:
     violations += [f"fake model: {e}" for e in model_errors]
     pauses = counts["worker pauses (SIGSTOP past the lease)"]
     takeovers = counts["takeovers (fence moved on while the holder was stopped)"]
+    redis_faults = (
+        f"master failovers={counts[FAILOVERS]}"
+        if CLUSTER
+        else f"Redis restarts={counts[REDIS_RESTARTS]}"
+    )
     print(
         f"soak summary (seed {SEED}, {SOAK_SECONDS:.0f} s of chaos): runs={counts['runs']}, "
         f"decisions={counts['decisions (gates decided)']}, "
         f"SIGKILLs={counts['worker SIGKILLs'] + counts['web SIGKILLs']} "
         f"(worker {counts['worker SIGKILLs']}, web {counts['web SIGKILLs']}), "
         f"pauses={pauses} ({counts['worker pauses while a tool ran']} mid-tool), "
-        f"takeovers={takeovers}, "
-        f"Redis restarts={counts['Redis SIGKILLs (restarted from the AOF)']}, "
+        f"takeovers={takeovers}, {redis_faults}, "
         f"in-doubt calls={counts['calls in doubt']}, violations={len(violations)}"
     )
     child_faults = sum(
@@ -407,12 +486,15 @@ async def test_soak(tmp_path: Path) -> None:
     )
     for v in violations[:40]:
         print(f"    {v}")
+    for e in soak.harness_errors:
+        print(f"  harness error: {e}")
     print(f"  logs (worker0, worker1, web, journal, chaos, runs): {tmp_path}")
     assert counts["runs"] >= 10, "too few runs to mean anything"
     assert counts["child runs"], "no run called a sub-agent"
-    assert counts["worker SIGKILLs"] and counts["Redis SIGKILLs (restarted from the AOF)"] >= 2
+    assert counts["worker SIGKILLs"] and counts[FAILOVERS if CLUSTER else REDIS_RESTARTS] >= 2
     assert pauses, "no worker was paused"
     assert counts["gates approved"] and counts["gates denied"], "no click decided anything"
     if SOAK_SECONDS >= 300:
         assert takeovers, "no paused worker's run was taken over: the pause fault did nothing"
+    assert not soak.harness_errors, f"the soak's own failures: {soak.harness_errors}"
     assert not violations, f"seed {SEED}: {len(violations)} violations (first: {violations[0]})"

@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from agent_core import Gateway, Keys, RunStatus, messages
+from agent_core.streams import stream_groups
 from agent_core.testing import FakeOpenAI
 from bot import cards
 from tests.soak.chaos import Proc
-from tests.soak.config import AUDIT_GROUP
+from tests.soak.config import AUDIT_GROUP, redis_failed
 from tests.soak.people import CallPlan, ChildRun, GateRecord, RunPlan, SoakSlack, op_depth
 from tests.soak.soak_agent import GATED_SUB_AGENTS, IDEMPOTENT, SUB_AGENTS
 
@@ -129,26 +130,37 @@ class Verdict:
                             )
                     n = await self.audit_once("0", block=None)
                     backlog = n > 0
-                else:
-                    await self.audit_once(">", block=500)
-            except (RedisError, OSError):
+                elif not await self.audit_once(">", block=500):
+                    await asyncio.sleep(0.25)  # on a cluster the reads do not block
+            except Exception as exc:
+                if not redis_failed(exc):
+                    raise
                 backlog = True
                 await asyncio.sleep(0.5)
 
     async def audit_once(self, start: str, block: int | None) -> int:
-        streams = {self.keys.events(s): start for s in self.keys.all_shards()}
-        reply = await self.redis.xreadgroup(AUDIT_GROUP, "soak", streams, count=500, block=block)
+        """One read of every shard's events: one XREADGROUP on one node, one per shard on
+        Redis Cluster (a read cannot span slots; those do not block, each in turn)."""
+        groups = stream_groups(self.redis, [self.keys.events(s) for s in self.keys.all_shards()])
         n = 0
-        for stream, entries in reply or []:
-            ids = []
-            for msg_id, fields in entries:
-                ids.append(msg_id)
-                if fields and (stream, msg_id) not in self.audited:
-                    self.audited.add((stream, msg_id))
-                    self.audit(msg_id, fields)
-            if ids:
-                await self.redis.xack(stream, AUDIT_GROUP, *ids)
-            n += len(ids)
+        for group in groups:
+            reply = await self.redis.xreadgroup(
+                AUDIT_GROUP,
+                "soak",
+                dict.fromkeys(group, start),
+                count=500,
+                block=block if len(groups) == 1 else None,
+            )
+            for stream, entries in reply or []:
+                ids = []
+                for msg_id, fields in entries:
+                    ids.append(msg_id)
+                    if fields and (stream, msg_id) not in self.audited:
+                        self.audited.add((stream, msg_id))
+                        self.audit(msg_id, fields)
+                if ids:
+                    await self.redis.xack(stream, AUDIT_GROUP, *ids)
+                n += len(ids)
         return n
 
     def audit(self, msg_id: str, fields: dict[str, str]) -> None:
