@@ -38,6 +38,7 @@ from .gateway import Gateway, pairs
 from .gating import args_hash
 from .keys import Keys
 from .models import Gate, GateStatus
+from .streams import is_cluster
 from .tools import Tool
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,8 @@ class Runner:
         model_retries: int = 10,
         retry_budget: float = 120.0,
         max_depth: int = children.DEFAULT_MAX_DEPTH,
+        claim_replicas: int = 0,
+        claim_wait_ms: int = 1000,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -134,6 +137,8 @@ class Runner:
         self.model_retries = model_retries
         self.retry_budget = retry_budget
         self.max_depth = max_depth
+        self.claim_replicas = claim_replicas
+        self.claim_wait_ms = claim_wait_ms
         self._read_for_model = redis.register_script(scripts.READ_FOR_MODEL)
         self._begin = redis.register_script(scripts.BEGIN_RUN)
         self._record = redis.register_script(scripts.RECORD_TURN)
@@ -615,9 +620,8 @@ class Runner:
             return await self._spawn(run, turn, call, t, fence)
         run_id, cid = run["run_id"], call["id"]
         tkey = self.keys.turn(run_id, turn)
-        claim = await self._claim(
-            keys=[self.keys.run(run_id), tkey],
-            args=[fence, turn, cid, "1" if t.idempotent else "0"],
+        claim = await self._claim_call(
+            [self.keys.run(run_id), tkey], [fence, turn, cid, "1" if t.idempotent else "0"]
         )
         if claim[0] == "lost":
             raise LeaseLost(run_id)
@@ -672,6 +676,35 @@ class Runner:
         if res != "ok":
             return str(await self.redis.hget(tkey, f"result:{cid}") or "")
         return told
+
+    async def _claim_call(self, keys: list[str], args: list[Any]) -> Any:
+        """CLAIM_CALL; with ``claim_replicas``, then WAIT for that many replicas before the
+        tool may start. A claim lost with its master (killed before replicating it) would
+        let the promoted replica's next owner run the call again; once a replica has it,
+        the call is reported in doubt instead. WAIT covers every write the master made
+        before it, so a sub-agent's spawn is covered by its first tool's claim."""
+        if self.claim_replicas <= 0:
+            return await self._claim(keys=keys, args=args)
+        pipe = self.redis.pipeline(transaction=False)
+        # EVAL, not EVALSHA: a replica just promoted has no script cache.
+        pipe.eval(scripts.CLAIM_CALL, len(keys), *keys, *args)
+        wait = ("WAIT", self.claim_replicas, self.claim_wait_ms)
+        if is_cluster(self.redis):  # on the connection to the node that ran the claim
+            pipe.execute_command(*wait, target_nodes=self.redis.get_node_from_key(keys[0]))
+        else:
+            pipe.execute_command(*wait)
+        claim, replicas = await pipe.execute()
+        if claim and claim[0] == "ok" and int(replicas) < self.claim_replicas:
+            log.error(
+                "call %s of %s: its claim reached %s of %s replicas within %s ms; the tool "
+                "runs anyway, and a failover now could run it again",
+                args[2],
+                keys[0],
+                replicas,
+                self.claim_replicas,
+                self.claim_wait_ms,
+            )
+        return claim
 
     async def _spawn(
         self, run: dict[str, str], turn: int, call: dict[str, Any], t: AgentTool, fence: str

@@ -33,8 +33,9 @@ HELP: dict[str, str] = {
         "process must agree, and run and gate ids encode it)"
     ),
     "DECISION_REPLICAS": (
-        "the replicas a decision must reach (WAIT) before the click is acknowledged; 0 on a "
-        "Redis without replicas, 1 or more with replicas (a failover then loses no decision)"
+        "the replicas a decision must reach (WAIT) before the click is acknowledged, and a "
+        "tool call's claim before the tool starts; 0 on a Redis without replicas, 1 or more "
+        "with replicas (a failover then loses no decision and runs no call twice)"
     ),
     "REDIS_CLUSTER": (
         "true to use redis-py's Redis Cluster client; unset detects a cluster at start"

@@ -98,6 +98,7 @@ class Worker:
                 events_maxlen=settings.events_maxlen,
                 max_turns=settings.max_turns,
                 max_calls_per_turn=settings.max_calls_per_turn,
+                claim_replicas=settings.decision_replicas,
                 model_retries=settings.openai_max_retries,
                 retry_budget=settings.openai_retry_budget,
             )

@@ -333,3 +333,31 @@ async def test_a_slot_moved_while_clicks_arrive_loses_nothing(
     print(f"\nresharding: transient errors the clickers saw (and retried): {dict(seen)}")
     # Move it back: the module's other tests expect the cluster as it was.
     await asyncio.to_thread(clean_cluster.migrate_slots, [slot], source)
+
+
+async def test_an_approved_tool_starts_only_once_a_replica_has_its_claim(
+    node: InProcess, clean_cluster: ClusterServer, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """With DECISION_REPLICAS=1 the claim written before a tool starts waits for a replica
+    too: a master killed right after an unreplicated claim would let the promoted replica's
+    next owner run the call again."""
+    script_deletes(fake_openai, {"claim waits": "42"})
+    gw, keys = node.gateway, node.keys
+    run = await gw.start_run("claim waits", requested_by="U1")
+    await gw.wait(run.run_id, "awaiting_approval", timeout=30)
+    [gate] = await gw.pending_gates(run.run_id)
+    master = clean_cluster.master_of_key(keys.run(run.run_id))
+    [replica] = clean_cluster.replicas(master)
+    clean_cluster.pause(replica)
+    try:
+        deciding = asyncio.create_task(gw.decide(gate.gate_id, "approve", by="U2"))
+        # The resume job is queued by the decision itself (its WAIT, on the paused replica,
+        # runs out after 1 s): the worker claims the call at once, and waits.
+        await asyncio.sleep(0.5)
+        assert read_journal(str(journal)) == [], "the tool started before a replica had it"
+    finally:
+        clean_cluster.resume(replica)
+    assert (await deciding).applied
+    done = await gw.wait(run.run_id, timeout=30)
+    assert done.status is RunStatus.COMPLETED
+    assert read_journal(str(journal)) == ["delete_user:42"]
