@@ -46,7 +46,7 @@ class Notifier:
         group: str = GROUP,
         batch: int = 50,
         block_ms: int = 1000,
-        concurrency: int = 16,
+        concurrency: int = 1,
     ) -> None:
         self.gateway = gateway
         self.publisher = publisher
@@ -115,8 +115,11 @@ class Notifier:
 
         The events of one Slack thread are handled in order (its cards and messages keep
         their order); those of different threads side by side, up to ``concurrency`` at a
-        time: each event waits on Redis and Slack, and one at a time the notifier could not
-        keep up with a few dozen clicks a second.
+        time (NOTIFIER_CONCURRENCY). One at a time is the default: a click's own card is
+        updated by its handler, and on a busy web process more notifier tasks took the event
+        loop from the clicks (the Slack bench on 2 cores: ack p99 at 100 clicks/s 41 ms with
+        1, 64 with 4, 254 with 16). Raise it where Slack's latency, not CPU, holds the
+        notifier back (each event waits on the Web API).
 
         A card or root message that a later event of the batch updates again is updated
         once, by that later event: every update renders the current state from Redis, so

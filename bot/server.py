@@ -318,6 +318,7 @@ class BotServer:
             self.context.store,
             consumer=notifier_consumer,
             block_ms=notifier_block_ms,
+            concurrency=settings.notifier_concurrency,
         )
         self.host = host
         self.port = settings.port if port is None else port

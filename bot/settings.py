@@ -39,6 +39,7 @@ HELP: dict[str, str] = {
     "SLASH_COMMAND": "the slash command of your Slack app's manifest",
     "PORT": "the HTTP port of the web process",
     "SLACK_MAX_RETRIES": "the retries of a rate-limited Web API call, 0 to 10",
+    "NOTIFIER_CONCURRENCY": "the Slack threads the notifier updates side by side, 1 to 64",
 }
 
 # The last line of a ConfigError in which a Slack credential is missing.
@@ -71,6 +72,7 @@ class BotSettings(BaseSettings):
     slash_command: str = "/agent"
     port: int = Field(default=3000, ge=1, le=65535)
     slack_max_retries: int = Field(default=3, ge=0, le=10)
+    notifier_concurrency: int = Field(default=1, ge=1, le=64)
 
     @field_validator("slack_bot_token")
     @classmethod

@@ -421,7 +421,7 @@ async def test_threads_are_handled_side_by_side_and_each_in_order(bot: BotHarnes
             await asyncio.sleep(0.01 if event is a1 else 0)
             log.append(f"end {event.id}")
 
-    probe = Probe(bot.gateway, ctx.publisher, ctx.store, consumer="probe")
+    probe = Probe(bot.gateway, ctx.publisher, ctx.store, consumer="probe", concurrency=4)
     assert await probe.handle_batch([a1, a2, b1]) == [a1, a2, b1]
     assert log.index("end 1-1") < log.index("start 1-2"), "a thread's events in order"
     assert log.index("start 1-3") < log.index("end 1-1"), "other threads side by side"
