@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -9,6 +10,9 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
+
+from .exceptions import ConfigError
+from .streams import is_cluster
 
 
 def create_redis(url: str, *, socket_timeout: float = 10.0, max_connections: int = 64) -> Redis:
@@ -80,6 +84,38 @@ async def connect_redis(url: str, cluster: bool | None = None, **kwargs: float |
         await client.initialize()
         return client
     return create_redis(url, **kwargs)  # type: ignore[arg-type]
+
+
+async def reachable_redis(url: str, cluster: bool | None = None) -> Redis:
+    """:func:`connect_redis`, then PING: a :class:`ConfigError` naming REDIS_URL (its
+    password hidden) when the server does not answer."""
+    redis = await connect_redis(url, cluster)
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as exc:
+        await redis.aclose()
+        raise ConfigError(
+            f"REDIS_URL: cannot reach Redis at {redacted(url)} ({type(exc).__name__})"
+        ) from None
+    return redis
+
+
+async def eval_replicated(
+    redis: Redis, script: str, keys: list[str], args: list[Any], replicas: int, wait_ms: int
+) -> tuple[Any, int]:
+    """Run a Lua script, then WAIT until ``replicas`` replicas have its writes (at most
+    ``wait_ms``); the script's result and the replicas reached. WAIT counts the writes of
+    its own connection: a pipeline sends both on one (on a cluster, to the node of
+    ``keys[0]``). EVAL, not EVALSHA: a replica just promoted has no script cache."""
+    pipe = redis.pipeline(transaction=False)
+    pipe.eval(script, len(keys), *keys, *args)
+    wait = ("WAIT", replicas, wait_ms)
+    if is_cluster(redis):
+        pipe.execute_command(*wait, target_nodes=redis.get_node_from_key(keys[0]))
+    else:
+        pipe.execute_command(*wait)
+    result, reached = await pipe.execute()
+    return result, int(reached)
 
 
 def redacted(url: str) -> str:

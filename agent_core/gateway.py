@@ -20,12 +20,13 @@ from redis.asyncio import Redis
 from . import messages, metrics, reopen_scripts, scripts
 from .children import parent_keys
 from .completions import clean_text
+from .connections import eval_replicated
 from .events import EventConsumer
 from .exceptions import ArgsHashMismatch, GateNotFound, InvalidState, RunNotFound
 from .keys import Keys
 from .models import ContinueOutcome, DecideResult, Decision, Gate, GateStatus, Run, RunStatus
 from .placement import ShardPicker
-from .streams import is_cluster, stream_groups
+from .streams import stream_groups
 
 log = logging.getLogger(__name__)
 
@@ -602,18 +603,16 @@ class Gateway:
         return result
 
     async def _decide_replicated(self, keys: list[str], args: list[str]) -> Any:
-        """DECIDE, then WAIT for ``decision_replicas`` on the same connection (WAIT counts the
-        writes of its own connection: a pipeline sends both on one). EVAL, not EVALSHA: a
-        replica just promoted has no script cache."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.eval(scripts.DECIDE_GATE, len(keys), *keys, *args)
-        wait = ("WAIT", self.decision_replicas, self.decision_wait_ms)
-        if is_cluster(self.redis):
-            pipe.execute_command(*wait, target_nodes=self.redis.get_node_from_key(keys[0]))
-        else:
-            pipe.execute_command(*wait)
-        res, replicas = await pipe.execute()
-        if res and res[0] == "applied" and int(replicas) < self.decision_replicas:
+        """DECIDE, then WAIT for ``decision_replicas`` (see :func:`eval_replicated`)."""
+        res, replicas = await eval_replicated(
+            self.redis,
+            scripts.DECIDE_GATE,
+            keys,
+            args,
+            self.decision_replicas,
+            self.decision_wait_ms,
+        )
+        if res and res[0] == "applied" and replicas < self.decision_replicas:
             log.error(
                 "gate %s: the decision reached %s of %s replicas within %s ms; a failover "
                 "now could lose it",

@@ -14,10 +14,8 @@ import argparse
 import asyncio
 import sys
 
-from redis.exceptions import RedisError
-
 from . import layout
-from .connections import connect_redis, redacted
+from .connections import reachable_redis, redacted
 from .exceptions import ConfigError, InvalidState
 from .keys import Keys
 from .settings import Settings, exit_on_config_error
@@ -28,15 +26,8 @@ PROGRESS_EVERY = 10_000  # keys between two progress lines
 
 async def run(settings: Settings, *, force: bool = False, dry_run: bool = False) -> int:
     """Migrate (or count, ``dry_run``) and print what was done; the keys moved."""
-    redis = await connect_redis(settings.redis_url, settings.redis_cluster)
+    redis = await reachable_redis(settings.redis_url, settings.redis_cluster)
     try:
-        try:
-            await redis.ping()
-        except (RedisError, OSError) as exc:
-            raise ConfigError(
-                f"REDIS_URL: cannot reach Redis at {redacted(settings.redis_url)} "
-                f"({type(exc).__name__})"
-            ) from None
         keys = Keys(settings.key_prefix, settings.shards)
         old = layout.old_keys(keys)
         where = "Redis Cluster" if is_cluster(redis) else "one Redis"

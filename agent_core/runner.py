@@ -33,12 +33,12 @@ from .completions import (
     clean_text,
     redact_secrets,
 )
+from .connections import eval_replicated
 from .exceptions import LeaseLost
 from .gateway import Gateway, pairs
 from .gating import args_hash
 from .keys import Keys
 from .models import Gate, GateStatus
-from .streams import is_cluster
 from .tools import Tool
 
 log = logging.getLogger(__name__)
@@ -685,16 +685,10 @@ class Runner:
         before it, so a sub-agent's spawn is covered by its first tool's claim."""
         if self.claim_replicas <= 0:
             return await self._claim(keys=keys, args=args)
-        pipe = self.redis.pipeline(transaction=False)
-        # EVAL, not EVALSHA: a replica just promoted has no script cache.
-        pipe.eval(scripts.CLAIM_CALL, len(keys), *keys, *args)
-        wait = ("WAIT", self.claim_replicas, self.claim_wait_ms)
-        if is_cluster(self.redis):  # on the connection to the node that ran the claim
-            pipe.execute_command(*wait, target_nodes=self.redis.get_node_from_key(keys[0]))
-        else:
-            pipe.execute_command(*wait)
-        claim, replicas = await pipe.execute()
-        if claim and claim[0] == "ok" and int(replicas) < self.claim_replicas:
+        claim, replicas = await eval_replicated(
+            self.redis, scripts.CLAIM_CALL, keys, args, self.claim_replicas, self.claim_wait_ms
+        )
+        if claim and claim[0] == "ok" and replicas < self.claim_replicas:
             log.error(
                 "call %s of %s: its claim reached %s of %s replicas within %s ms; the tool "
                 "runs anyway, and a failover now could run it again",

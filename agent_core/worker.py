@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from . import layout, metrics, presence, scripts
 from .agent import Agent
-from .connections import connect_redis, redacted
+from .connections import reachable_redis
 from .exceptions import ConfigError, GateNotFound, LeaseLost
 from .gateway import Gateway, valid_run_id
 from .keys import Keys
@@ -472,15 +472,8 @@ async def run_worker(
     settings.require_openai()
     if agent is None:
         agent = load_agents(settings)
-    redis = await connect_redis(settings.redis_url, settings.redis_cluster)
+    redis = await reachable_redis(settings.redis_url, settings.redis_cluster)
     try:
-        try:
-            await redis.ping()
-        except (RedisError, OSError) as exc:
-            raise ConfigError(
-                f"REDIS_URL: cannot reach Redis at {redacted(settings.redis_url)} "
-                f"({type(exc).__name__})"
-            ) from None
         assert settings.openai_api_key is not None
         client = AsyncOpenAI(
             api_key=settings.openai_api_key.get_secret_value(),
