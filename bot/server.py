@@ -37,7 +37,7 @@ from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent_core import Agent, ConfigError, Gateway, Keys, Settings, metrics
-from agent_core.connections import connect_redis, redacted
+from agent_core.connections import reachable_redis
 from agent_core.layout import old_layout_problem, refuse_old_layout
 from agent_core.settings import exit_on_config_error, importable_from_cwd, load_agents
 from agent_core.streams import is_cluster
@@ -496,14 +496,7 @@ async def check_slack(settings: BotSettings, client: AsyncWebClient) -> None:
 
 async def serve(settings: BotSettings, core: Settings) -> None:
     agents = load_agents(core)
-    redis = await connect_redis(core.redis_url, core.redis_cluster)
-    try:
-        await redis.ping()
-    except (RedisError, OSError) as exc:
-        await redis.aclose()
-        raise ConfigError(
-            f"REDIS_URL: cannot reach Redis at {redacted(core.redis_url)} ({type(exc).__name__})"
-        ) from None
+    redis = await reachable_redis(core.redis_url, core.redis_cluster)
     keys = Keys(core.key_prefix, core.shards)
     try:
         await refuse_old_layout(redis, keys)
