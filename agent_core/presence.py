@@ -17,6 +17,7 @@ another KEY_PREFIX, or a SHARDS that differs.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -216,6 +217,16 @@ async def announce_worker(worker: Worker) -> bool:
 
     every = min(HOUSEKEEPING_INTERVAL, worker.settings.stuck_run_after)
     return await announce(worker.redis, worker.keys, worker.name, worker.agents, every=every)
+
+
+async def withdraw(redis: Redis, keys: Keys, name: str) -> None:
+    """Remove worker ``name``'s record (it is stopping), so that it stops counting as alive
+    at once rather than after STALE_AFTER intervals. Never raises: a record left behind is
+    pruned as stale."""
+    try:
+        await asyncio.wait_for(redis.hdel(presence_key(keys), name), timeout=2)
+    except Exception as exc:
+        log.warning("presence: could not withdraw worker %s (%s)", name, type(exc).__name__)
 
 
 async def live_workers(redis: Redis, keys: Keys) -> list[WorkerPresence]:

@@ -199,6 +199,7 @@ class Worker:
                     t.cancel()
             if exporter is not None:
                 await exporter.cleanup()
+            await presence.withdraw(self.redis, self.keys, self.name)  # not alive any more
 
     async def _serve_metrics(self) -> web.AppRunner | None:
         """``GET /metrics`` on METRICS_HOST:METRICS_PORT, when the port is set."""

@@ -19,7 +19,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_core import Gateway, Keys, RunStatus, layout
-from agent_core.presence import presence_key
+from agent_core.presence import announce, presence_key
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import cards
 from bot.server import BotServer
@@ -124,12 +124,14 @@ async def test_an_old_layout_deployment_is_upgraded_and_its_posted_card_still_de
             f"tags), which this version would not see; {FIX} once, then start them again"
         ]
 
-    # The migration refuses while the old worker still counts as alive, then moves every key.
+    # The migration refuses while a worker is alive (one of the old version, still running,
+    # say), then moves every key.
+    assert await announce(redis, Keys(PREFIX), "old-worker", ["test-ops"], every=10)
     env = worker_env(redis_url, fake_openai.base_url, journal)
     migrate = [sys.executable, "-m", "agent_core.migrate_layout"]
     code, _out, err = await run(migrate, env)
     assert code == 1 and "1 worker(s) alive under KEY_PREFIX=t" in err and "--force" in err, err
-    await redis.delete(presence_key(Keys(PREFIX)))  # its record aged out
+    await redis.delete(presence_key(Keys(PREFIX)))  # it stopped
     code, out, err = await run(migrate, env)
     assert code == 0, err
     lines = out.splitlines()

@@ -229,6 +229,22 @@ async def test_a_worker_announces_itself_with_every_agent_it_serves(
     assert again.started_at == me.started_at and again.seen_at >= me.seen_at
 
 
+async def test_a_stopped_worker_withdraws_at_once(
+    redis: Redis, workers: Callable[..., Worker]
+) -> None:
+    keys = Keys("t")
+    w = workers([ops])
+
+    async def seen() -> bool:
+        return bool(await live_workers(redis, keys))
+
+    await until(seen)
+    task = next(t for t in asyncio.all_tasks() if t.get_coro().__qualname__ == "Worker.run")
+    w.stop()
+    await asyncio.wait_for(task, 15)
+    assert await live_workers(redis, keys) == [], "gone without waiting to go stale"
+
+
 async def test_stale_workers_are_ignored_then_pruned(redis: Redis) -> None:
     keys = Keys("t")
     assert await announce(redis, keys, "quick", ["a"], every=0.1)

@@ -12,7 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_core import ConfigError, InvalidState, Keys, layout
-from agent_core.presence import presence_key
+from agent_core.presence import announce, presence_key
 from agent_core.testing import FakeOpenAI
 from agent_core.worker import Worker
 from tests.agents import ops
@@ -49,10 +49,11 @@ async def test_a_migration_stopped_midway_finishes_when_run_again(
         "version would not see; stop every web and worker, run `python -m "
         "agent_core.migrate_layout` (`make migrate-layout`) once, then start them again"
     )
-    # The old worker stopped a moment ago, so it still counts as alive.
+    # A worker that is still alive (one of the old version, say) makes it refuse.
+    assert await announce(redis, keys, "old-worker", ["test-ops"], every=10)
     with pytest.raises(InvalidState, match="1 worker\\(s\\) alive under KEY_PREFIX=t"):
         await layout.migrate(redis, keys)
-    await redis.delete(presence_key(keys))  # the old worker's record aged out
+    await redis.delete(presence_key(keys))  # it stopped
     # Another SHARDS would put the keys where this deployment's processes do not look.
     for shards, seen in ((8, "8 shards and more"), (32, "16 shards")):
         with pytest.raises(InvalidState, match=f"are those of {seen}, not of SHARDS={shards}"):
