@@ -323,13 +323,11 @@ class GateActions:
         # passed, so the click expired the gate instead.
         if not result.applied or result.gate.status is not decision.status:
             await tell(user_id, already_decided(result.gate), channel=channel, respond=respond)
-            await self._refresh(gate.gate_id)  # the card may be stale: make it tell the truth
-        else:
-            if outcome is not None:
-                outcome.applied = True
-            # Shown at once, not after the notifier's queue; the notifier then finds the card
-            # showing this decision and leaves it (see Notifier.handle).
-            await self._refresh(gate.gate_id)
+        elif outcome is not None:
+            outcome.applied = True
+        # Shown at once, not after the notifier's queue (which then finds the card showing
+        # this decision and leaves it: Notifier.handle); a stale card is made to tell the truth.
+        await self._refresh(gate.gate_id)
 
     # --- every pending gate of a turn at once ------------------------------------------
     async def _load_turn(

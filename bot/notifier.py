@@ -130,25 +130,27 @@ class Notifier:
         """
         gates = [_gate_shown(e) for e in events]
         runs = [_run_shown(e) for e in events]
-        threads: dict[str, list[int]] = {}
-        for i, event in enumerate(events):
-            threads.setdefault(_thread_of(event), []).append(i)
         ok = [False] * len(events)
-        slots = asyncio.Semaphore(self.concurrency)
 
         async def in_order(indexes: list[int]) -> None:
-            async with slots:
-                for i in indexes:
-                    skip_gate = gates[i] is not None and gates[i] in gates[i + 1 :]
-                    skip_run = runs[i] is not None and runs[i] in runs[i + 1 :]
-                    ok[i] = await self.handle_safely(
-                        events[i], skip_gate=skip_gate, skip_run=skip_run
-                    )
+            for i in indexes:
+                skip_gate = gates[i] is not None and gates[i] in gates[i + 1 :]
+                skip_run = runs[i] is not None and runs[i] in runs[i + 1 :]
+                ok[i] = await self.handle_safely(events[i], skip_gate=skip_gate, skip_run=skip_run)
 
-        if len(threads) == 1:
-            await in_order(next(iter(threads.values())))
+        if self.concurrency == 1:  # the stream's order, and no task per thread
+            await in_order(list(range(len(events))))
         else:
-            await asyncio.gather(*(in_order(ix) for ix in threads.values()))
+            threads: dict[str, list[int]] = {}
+            for i, event in enumerate(events):
+                threads.setdefault(_thread_of(event), []).append(i)
+            slots = asyncio.Semaphore(self.concurrency)
+
+            async def thread(indexes: list[int]) -> None:
+                async with slots:
+                    await in_order(indexes)
+
+            await asyncio.gather(*(thread(ix) for ix in threads.values()))
         return [e for e, done in zip(events, ok, strict=True) if done]
 
     async def handle_safely(

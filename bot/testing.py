@@ -252,8 +252,9 @@ class FakeSlack(AssistantSide, WebApiMethods, ThreadedServer):
     def shows(self, channel: str, ts: str, needle: str) -> bool:
         """Whether the message's current blocks (or text) contain ``needle``."""
         msg = self.message(channel, ts)
-        blocks = json.dumps(msg.blocks, ensure_ascii=False) if msg is not None else ""
-        return msg is not None and (needle in blocks or needle in msg.text)
+        if msg is None:
+            return False
+        return needle in json.dumps(msg.blocks, ensure_ascii=False) or needle in msg.text
 
     def thread(self, channel: str, thread_ts: str) -> list[SlackMessage]:
         """The replies in a thread, oldest first."""
