@@ -76,7 +76,7 @@ async def paused_old_deployment(
 
 async def approve_and_finish(gateway: Gateway, old: OldDeployment, journal: Path) -> None:
     """Approve every gate by its id (a button posted before the migration), then every run
-    completes and each approved call ran once."""
+    completes and each approved call ran once; a start's idempotency key still names its run."""
     for gate_id in old.gates.values():
         assert (await gateway.decide(gate_id, "approve", by="U2")).applied
     for run_id in old.gates:
@@ -85,3 +85,6 @@ async def approve_and_finish(gateway: Gateway, old: OldDeployment, journal: Path
         assert done.final == f"user {old.tasks[run_id].split()[-1]} gone"
     expected = Counter(f"delete_user:{t.split()[-1]}" for t in old.tasks.values())
     assert Counter(read_journal(str(journal))) == expected
+    run_id, trigger = next(iter(old.triggers.items()))
+    again = await gateway.start_run("delete user 0", "U1", idempotency_key=trigger)
+    assert again.run_id == run_id, "the idempotency keys moved too"
