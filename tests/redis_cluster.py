@@ -612,11 +612,11 @@ class ClusterServer:
         """What keeps the live nodes from being a healthy cluster (empty when healthy).
 
         Healthy: every live node says ``cluster_state:ok``; every live node's view lists the
-        same owner for all 16384 slots, each owner live (not killed nor paused), and no live
-        node as failing; every live replica's link to its master is up and not syncing. Each node of ``rejoining`` (just
-        restarted) must moreover be a replica or a master serving slots: a failed-over
-        master comes back as an empty master until the cluster tells it to follow its
-        successor.
+        same owner for all 16384 slots, each owner live (not killed nor paused), and every live
+        node as a replica or a master serving slots, none failing; every live replica's link
+        to its master is up and not syncing. Each node of ``rejoining`` (just restarted) must
+        moreover see itself as a replica or a master serving slots: a failed-over master comes
+        back as an empty master until the cluster tells it to follow its successor.
         """
         restarted = set(rejoining)
         problems: list[str] = []
@@ -649,6 +649,10 @@ class ClusterServer:
         for node in view:
             if node.port in live and node.failing:
                 problems.append(f"{port} sees {node.port} as {sorted(node.flags)}")
+            elif node.port in live and not node.is_replica and not node.slots:
+                # Gossip has not told this node yet that a new replica follows its master
+                # (just after ``--cluster create`` or a rejoin).
+                problems.append(f"{port} sees {node.port} as an empty master")
             if node.is_master:
                 for slot in node.slots:
                     slot_owner[slot] = node.id
