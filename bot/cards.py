@@ -600,9 +600,12 @@ def status_label(status: RunStatus) -> str:
 
 def run_status(run: Run) -> str:
     """A run's status as shown: a run paused only on its sub-agents says so (they may be
-    working or asking for approval themselves: their cards tell which)."""
-    if run.status is RunStatus.AWAITING_APPROVAL and not run.pending and run.children_pending:
+    working or asking for approval themselves: their cards tell which); one whose gates are
+    all decided is running again (its resume job is on its way to a worker)."""
+    if run.status is RunStatus.AWAITING_APPROVAL and not run.pending:
         n = run.children_pending
+        if not n:
+            return status_label(RunStatus.RUNNING)
         return "🧩 waiting for " + ("its sub-agent" if n == 1 else f"{n} sub-agents")
     return status_label(run.status)
 

@@ -193,6 +193,8 @@ class Notifier:
                 await self.publisher.show_turn(
                     event.run_id, _int(data.get("turn")), post_for=gate_id
                 )
+            # The root message says the run awaits approval (not "running") while it does.
+            await self._show_run(event.run_id, skip_run or bool(origin.get("parent_run")))
         elif t is EventType.GATE_DECIDED:
             gate_id = str(data["gate_id"])
             if skip_gate or await self._shows(gate_id, data.get("status")):
@@ -204,9 +206,11 @@ class Notifier:
             # Its turn's "Approve all" message, if the turn opened more than one gate.
             if gate is not None and gate.turn_gates != 1:
                 await self.publisher.show_turn(gate.run_id, gate.turn)
+            # The root message: running again once nothing awaits a person.
+            await self._show_run(event.run_id, skip_run or bool(origin.get("parent_run")))
         elif t is EventType.TOOL_EXECUTED:
             await self._tool_executed(event.run_id, data, origin, skip_gate=skip_gate)
-        elif t is EventType.RUN_STARTED:
+        elif t in (EventType.RUN_STARTED, EventType.RUN_CONTINUED):
             await self._show_run(event.run_id, skip_run)
         elif t is EventType.RUN_COMPLETED:
             texts = cards.answer_messages(str(data.get("final") or ""))
@@ -324,10 +328,15 @@ def _gate_shown(event: Event) -> str | None:
     return None
 
 
+_ROOT_UPDATES = frozenset(
+    t for t in EventType if t.value.startswith("run.") or t.value.startswith("gate.")
+)
+
+
 def _run_shown(event: Event) -> str | None:
     """The run whose root message ``event`` updates, if any (a sub-agent's run has none)."""
     origin = event.data.get("origin")
-    if not event.type.value.startswith("run.") or not isinstance(origin, dict):
+    if event.type not in _ROOT_UPDATES or not isinstance(origin, dict):
         return None
     return None if origin.get("parent_run") else event.run_id
 

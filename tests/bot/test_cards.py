@@ -291,6 +291,10 @@ def test_a_run_paused_only_on_its_sub_agents_says_so() -> None:
     # A gate of its own open as well: it is awaiting approval.
     mixed = run.model_copy(update={"pending": 1})
     assert "awaiting approval" in all_text(cards.root_message(run.task, "U1", mixed).blocks)
+    # Nothing left to wait for (its gates decided, its resume on the way): running again.
+    resuming = run.model_copy(update={"children_pending": 0})
+    root = all_text(cards.root_message(run.task, "U1", resuming).blocks)
+    assert "⚙️ running" in root and "awaiting" not in root and "waiting" not in root
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from agent_core.streams import StreamMessage
 from agent_core.testing import FakeOpenAI, call, calls, reply
 from bot import cards
 from bot.notifier import Notifier
-from tests.bot.conftest import APPROVER, CHANNEL, BotHarness, wait_until
+from tests.bot.conftest import APPROVER, CHANNEL, BotHarness, journal_lines, wait_until
 
 
 async def all_events(bot: BotHarness) -> list[Any]:
@@ -251,6 +251,40 @@ async def approved_with_no_worker(
     return run_id, gates
 
 
+async def test_the_root_message_says_the_run_awaits_approval_until_it_is_decided(
+    live: BotHarness, redis_url: str, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """While a gate waits, the run's root message says so, not "running"; once the gate is
+    decided it is running again (before a worker has even taken it back), then completed."""
+    task = "root tells the truth"
+    fake_openai.script(task, [call("delete_user", {"user_id": "5"}), reply("all done")])
+    run_id = await live.start_task(task)
+    gate = await live.gate_of(run_id)
+    thread_ts = (await live.gateway.get_run(run_id)).origin["thread_ts"]  # type: ignore[union-attr]
+    root = f"Run `{run_id}` · "
+    await live.fake.wait_for(
+        lambda f: f.shows(CHANNEL, thread_ts, root + "🔐 awaiting approval"),
+        what="the root message awaiting approval",
+    )
+    assert not live.fake.shows(CHANNEL, thread_ts, "running")
+    assert live.core is not None
+    await live.core.close()  # no worker: the run waits between its decision and its resume
+    live.core = None
+    await live.client.action("gate_approve", cards.button_value(gate), user_id=APPROVER)
+    await live.wait_card(gate.gate_id, "Running…")
+    await live.fake.wait_for(
+        lambda f: f.shows(CHANNEL, thread_ts, root + "⚙️ running"),
+        what="the root message running again",
+    )
+    assert not live.fake.shows(CHANNEL, thread_ts, "awaiting approval")
+    live.start_worker(redis_url, fake_openai.base_url)
+    await live.fake.wait_for(
+        lambda f: f.shows(CHANNEL, thread_ts, root + "✅ completed"),
+        what="the root message completed",
+    )
+    assert journal_lines(journal) == ["delete_user:5"]
+
+
 async def test_cancel_tells_which_approved_calls_never_ran_and_which_were_running(
     live: BotHarness, fake_openai: FakeOpenAI, journal: Path
 ) -> None:
@@ -375,7 +409,8 @@ async def test_a_batch_updates_each_card_and_root_message_once(
     for event in events:  # control: alone, each event updates its message
         await stale()
         assert await replica.handle_batch([event]) == [event]
-    assert updates() - before == len(events) == 4
+    # gate.decided updates both the card and the root message ("running" again).
+    assert updates() - before == len(events) + 1 == 5
 
     await stale()
     before = updates()

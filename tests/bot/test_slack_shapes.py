@@ -206,11 +206,17 @@ async def test_legacy_payloads_are_answered_quietly_and_decide_nothing(
     fake = bot.fake
     gate_id = pool.gate_ids[0]
     value = await button_value(fake, gate_id)
-    # The turn opened two gates: its "Approve all" message is posted too; let it be.
+    # The turn opened two gates: its "Approve all" message is posted too, and the root
+    # message updated to "awaiting approval"; let them be.
     await fake.wait_for(
         lambda f: any("approval requests" in json.dumps(m.blocks) for m in f.messages),
         what="the turn's message",
     )
+    await fake.wait_for(
+        lambda f: any("awaiting approval" in json.dumps(m.blocks) for m in f.messages),
+        what="the root message",
+    )
+    await pool.carded()  # and every card lock released
     logs.clear()
     before = len(fake.calls)
     for name, payload in legacy_payloads(fake, gate_id, value).items():
