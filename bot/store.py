@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -98,6 +98,47 @@ class RunRecord:
     digest: str | None
 
 
+# Take a lock and read hashes in the same round trip (their keys in the lock's shard).
+# KEYS[1] lock key, KEYS[2..] hashes; ARGV[1] token, ARGV[2] the lock's TTL (ms).
+# Returns 0 when another holder has the lock, else {1, each hash as a flat list}.
+LOCK_AND_READ = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+local out = {1}
+for i = 2, #KEYS do out[i] = redis.call('HGETALL', KEYS[i]) end
+return out
+"""
+
+# Write the fields a lock's holder left for its release, then release the lock if it is
+# still the holder's. The writes happen either way: they record what the holder did.
+# KEYS[1] lock key, KEYS[2..] hashes; ARGV[1] token, ARGV[2] TTL (s) of the hashes written,
+# then per hash: its number of fields n, then n field/value pairs. Returns 1 if released.
+RELEASE_AFTER_WRITES = """
+local a = 3
+for i = 2, #KEYS do
+  local n = tonumber(ARGV[a])
+  if n > 0 then
+    redis.call('HSET', KEYS[i], unpack(ARGV, a + 1, a + 2 * n))
+    redis.call('EXPIRE', KEYS[i], ARGV[2])
+  end
+  a = a + 1 + 2 * n
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass
+class Held:
+    """A lock while held: the hashes read as it was taken, and fields to write at release
+    (one round trip each way instead of one per command)."""
+
+    read: list[dict[str, str]]
+    writes: dict[str, dict[str, str]]
+
+    def write_at_release(self, key: str, fields: dict[str, str]) -> None:
+        self.writes.setdefault(key, {}).update(fields)
+
+
 class Store:
     def __init__(
         self,
@@ -110,6 +151,8 @@ class Store:
         self.keys = keys
         self.lock_max_hold = lock_max_hold
         self._release = redis.register_script(scripts.RELEASE_LOCK)
+        self._lock_and_read = redis.register_script(LOCK_AND_READ)
+        self._release_after = redis.register_script(RELEASE_AFTER_WRITES)
         self._renew = redis.register_script(scripts.RENEW_LOCK)
         self._save_card = redis.register_script(SAVE_CARD)
 
@@ -126,31 +169,11 @@ class Store:
         return self.keys.ext(ns, gate_id, self._shard(gate_id))
 
     async def card(self, gate_id: str, ns: str = CARD_NS) -> CardRecord:
-        h = await self._hgetall(self.card_key(gate_id, ns))
-        result = None
-        if h.get("result_ok") is not None:
-            result = ToolResult(
-                ok=h["result_ok"] == "1",
-                output=h.get("result_output", ""),
-                in_doubt=h.get("result_in_doubt") == "1",
-                skipped=h.get("result_skipped") or None,
-                after_cancel=h.get("result_after_cancel") == "1",
-                running_at_cancel=h.get("result_running_at_cancel") == "1",
-            )
-        try:
-            posting = float(h["posting"]) if h.get("posting") else None
-        except ValueError:
-            posting = None
-        others = tuple(t for t in (h.get("others") or "").split() if t != h.get("ts"))
-        return CardRecord(
-            h.get("channel"),
-            h.get("ts"),
-            h.get("digest") or None,
-            result,
-            posting,
-            others,
-            h.get("shown") or None,
-        )
+        return card_record(await self._hgetall(self.card_key(gate_id, ns)))
+
+    def card_digest_fields(self, digest: str, shown: str | None = None) -> dict[str, str]:
+        """What :meth:`set_card_digest` writes (for :meth:`Held.write_at_release`)."""
+        return {"digest": digest} if shown is None else {"digest": digest, "shown": shown}
 
     async def mark_posting(self, gate_id: str, at: float, ns: str = CARD_NS) -> None:
         """Written before ``chat.postMessage``: a process that dies before :meth:`save_card`
@@ -190,8 +213,7 @@ class Store:
         self, gate_id: str, digest: str, ns: str = CARD_NS, *, shown: str | None = None
     ) -> None:
         """What the card shows now: its digest, and the gate status it shows (if known)."""
-        fields = {"digest": digest} if shown is None else {"digest": digest, "shown": shown}
-        await self._hset(self.card_key(gate_id, ns), fields)
+        await self._hset(self.card_key(gate_id, ns), self.card_digest_fields(digest, shown))
 
     async def set_result(self, gate_id: str, result: ToolResult) -> None:
         await self._hset(
@@ -211,8 +233,7 @@ class Store:
         return self.keys.ext(RUN_NS, run_id, self._shard(run_id))
 
     async def run(self, run_id: str) -> RunRecord:
-        h = await self._hgetall(self.run_key(run_id))
-        return RunRecord(h.get("channel"), h.get("ts"), h.get("digest"))
+        return run_record(await self._hgetall(self.run_key(run_id)))
 
     async def save_run_root(self, run_id: str, channel: str, ts: str) -> None:
         """Where the run's root message is, and the reverse: its thread → the run."""
@@ -243,19 +264,35 @@ class Store:
         return bool(await self.redis.set(key, "1", nx=True, ex=ttl_seconds))
 
     # --- locks ------------------------------------------------------------------------
+    def lock_key(self, name: str) -> str:
+        # "gate:<id>", "run:<id>" and "turn:<run id>:<turn>" locks live in that shard.
+        return self.keys.ext(LOCK_NS, name, self._shard(name.partition(":")[2]))
+
     @asynccontextmanager
-    async def lock(self, name: str, wait_seconds: float = LOCK_WAIT_SECONDS) -> AsyncIterator[None]:
+    async def lock(
+        self, name: str, wait_seconds: float = LOCK_WAIT_SECONDS, *, read: Sequence[str] = ()
+    ) -> AsyncIterator[Held]:
         """A short mutual exclusion across replicas (SET NX PX, renewed while held, released
         only by its owner). :class:`LockBusy` if another holder keeps it past ``wait_seconds``.
         The section is cancelled (TimeoutError) once held ``lock_max_hold`` seconds.
+
+        ``read``: hashes (in the lock's shard) read as the lock is taken, in one round trip;
+        :meth:`Held.write_at_release` fields are written as it is released, in one more.
         """
-        # "gate:<id>" and "run:<id>" locks live in that gate's or run's shard.
-        key = self.keys.ext(LOCK_NS, name, self._shard(name.partition(":")[2]))
+        key = self.lock_key(name)
         token = secrets.token_hex(8)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + wait_seconds
         delay = 0.01
-        while not await self.redis.set(key, token, nx=True, px=LOCK_TTL_MS):
+        while True:
+            if read:
+                got = await self._lock_and_read(keys=[key, *read], args=[token, LOCK_TTL_MS])
+                if got:
+                    held = Held([_pairs(flat) for flat in got[1:]], {})
+                    break
+            elif await self.redis.set(key, token, nx=True, px=LOCK_TTL_MS):
+                held = Held([], {})
+                break
             if loop.time() >= give_up:
                 raise LockBusy(name)
             await asyncio.sleep(delay)
@@ -275,7 +312,7 @@ class Store:
             bound = asyncio.timeout(self.lock_max_hold)
             try:
                 async with bound:
-                    yield
+                    yield held
             except TimeoutError:
                 if bound.expired():
                     log.warning(
@@ -294,7 +331,15 @@ class Store:
             if renewer is not None:
                 renewer.cancel()
                 await asyncio.wait({renewer}, timeout=1.0)
-            await self._release(keys=[key], args=[token])
+            if held.writes:
+                args: list[str | int] = [token, RECORD_TTL_SECONDS]
+                for fields in held.writes.values():
+                    args.append(len(fields))
+                    for field, value in fields.items():
+                        args += [field, value]
+                await self._release_after(keys=[key, *held.writes], args=args)
+            else:
+                await self._release(keys=[key], args=[token])
 
     async def _keep(self, key: str, token: str, done: asyncio.Event, until: float) -> None:
         """Renew the lock until ``done`` is set, and never past ``until`` (loop time)."""
@@ -315,6 +360,43 @@ class Store:
             pipe.hset(key, mapping=mapping)  # type: ignore[arg-type,unused-ignore]
             pipe.expire(key, RECORD_TTL_SECONDS)
             await pipe.execute()
+
+
+def card_record(h: dict[str, str]) -> CardRecord:
+    """A card record from its hash (empty: never posted)."""
+    result = None
+    if h.get("result_ok") is not None:
+        result = ToolResult(
+            ok=h["result_ok"] == "1",
+            output=h.get("result_output", ""),
+            in_doubt=h.get("result_in_doubt") == "1",
+            skipped=h.get("result_skipped") or None,
+            after_cancel=h.get("result_after_cancel") == "1",
+            running_at_cancel=h.get("result_running_at_cancel") == "1",
+        )
+    try:
+        posting = float(h["posting"]) if h.get("posting") else None
+    except ValueError:
+        posting = None
+    others = tuple(t for t in (h.get("others") or "").split() if t != h.get("ts"))
+    return CardRecord(
+        h.get("channel"),
+        h.get("ts"),
+        h.get("digest") or None,
+        result,
+        posting,
+        others,
+        h.get("shown") or None,
+    )
+
+
+def run_record(h: dict[str, str]) -> RunRecord:
+    """A run's record from its hash (empty: no root message known)."""
+    return RunRecord(h.get("channel"), h.get("ts"), h.get("digest"))
+
+
+def _pairs(flat: list[str | bytes]) -> dict[str, str]:
+    return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
 
 
 def _s(v: str | bytes) -> str:

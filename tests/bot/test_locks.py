@@ -82,3 +82,36 @@ async def test_a_renewal_that_swallows_its_cancellation_does_not_hold_the_lock(
         pass  # released, not renewed by the swallowing renewer
     await asyncio.sleep(2.5)
     assert await redis.exists(keys.ext("slack-lock", "gate:00abe", 0)) == 0
+
+
+async def test_a_lock_reads_as_it_is_taken_and_writes_as_it_is_released(redis: Redis) -> None:
+    keys = Keys("t")
+    store, other = Store(redis, keys), Store(redis, keys)
+    gate_id = keys.new_gate_id(3)
+    card = store.card_key(gate_id)
+    await redis.hset(card, mapping={"channel": "C1", "ts": "1.2", "digest": "old"})
+    async with store.lock(f"gate:{gate_id}", read=[card, keys.gate(gate_id)]) as held:
+        assert held.read == [{"channel": "C1", "ts": "1.2", "digest": "old"}, {}]
+        # Exclusive like a plain lock, whichever way it is taken.
+        with pytest.raises(LockBusy):
+            async with other.lock(f"gate:{gate_id}", wait_seconds=0.05, read=[card]):
+                pass
+        held.write_at_release(card, {"digest": "new", "shown": "approved"})
+        assert await redis.hget(card, "digest") == "old", "written at the release, not before"
+    assert await redis.hgetall(card) == {
+        "channel": "C1",
+        "ts": "1.2",
+        "digest": "new",
+        "shown": "approved",
+    }
+    assert 0 < await redis.ttl(card), "the record keeps an expiry"
+    assert not await redis.exists(store.lock_key(f"gate:{gate_id}")), "released"
+
+    # A section that fails still records what it did, and frees the lock.
+    with pytest.raises(RuntimeError):
+        async with store.lock(f"gate:{gate_id}", read=[card]) as held:
+            held.write_at_release(card, {"digest": "after-a-failure"})
+            raise RuntimeError("Slack answered, then something broke")
+    assert await redis.hget(card, "digest") == "after-a-failure"
+    async with other.lock(f"gate:{gate_id}", wait_seconds=0.05):
+        pass
