@@ -280,10 +280,7 @@ class Notifier:
         then show the card. Shown either way: a result found stored may be this event's own,
         stored by an earlier delivery that could not show it (the card's lock busy, the
         process killed); showing what is already shown costs nothing (the card's digest)."""
-        async with self.store.lock(f"result:{gate_id}"):
-            rec = await self.store.card(gate_id)
-            if rec.result is None:
-                await self.store.set_result(gate_id, result)
+        await self.store.set_result_unless_known(gate_id, result)
         await self.publisher.show_gate(gate_id)
 
     async def _tool_executed(
@@ -300,8 +297,7 @@ class Notifier:
                 after_cancel=bool(data.get("after_cancel")),
             )
             # The outcome replaces whatever the cancel left ("never ran", "was running").
-            async with self.store.lock(f"result:{gate_id}"):
-                await self.store.set_result(str(gate_id), result)
+            await self.store.set_result(str(gate_id), result)
             if not skip_gate:
                 await self.publisher.show_gate(str(gate_id))
             return

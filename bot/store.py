@@ -127,6 +127,17 @@ return 0
 """
 
 
+# A call's outcome, unless the card already has one (a cancel's "never ran" must not
+# replace the outcome the call's own tool.executed stored).
+# KEYS[1] card record; ARGV[1] TTL (s), ARGV[2..] field/value pairs. Returns 1 if stored.
+SET_RESULT_IF_NONE = """
+if redis.call('HEXISTS', KEYS[1], 'result_ok') == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+
 @dataclass
 class Held:
     """A lock while held: the hashes read as it was taken, and fields to write at release
@@ -153,6 +164,7 @@ class Store:
         self._release = redis.register_script(scripts.RELEASE_LOCK)
         self._lock_and_read = redis.register_script(LOCK_AND_READ)
         self._release_after = redis.register_script(RELEASE_AFTER_WRITES)
+        self._set_result_if_none = redis.register_script(SET_RESULT_IF_NONE)
         self._renew = redis.register_script(scripts.RENEW_LOCK)
         self._save_card = redis.register_script(SAVE_CARD)
 
@@ -216,17 +228,17 @@ class Store:
         await self._hset(self.card_key(gate_id, ns), self.card_digest_fields(digest, shown))
 
     async def set_result(self, gate_id: str, result: ToolResult) -> None:
-        await self._hset(
-            self.card_key(gate_id),
-            {
-                "result_ok": "1" if result.ok else "0",
-                "result_output": result.output,
-                "result_in_doubt": "1" if result.in_doubt else "0",
-                "result_skipped": result.skipped or "",
-                "result_after_cancel": "1" if result.after_cancel else "0",
-                "result_running_at_cancel": "1" if result.running_at_cancel else "0",
-            },
+        """The call's outcome, replacing whatever is stored (a cancel's guess included)."""
+        await self._hset(self.card_key(gate_id), _result_fields(result))
+
+    async def set_result_unless_known(self, gate_id: str, result: ToolResult) -> bool:
+        """Store ``result`` only if the card has no outcome yet (one script: an outcome
+        stored meanwhile by :meth:`set_result` is never overwritten); whether it was."""
+        flat = [x for kv in _result_fields(result).items() for x in kv]
+        done = await self._set_result_if_none(
+            keys=[self.card_key(gate_id)], args=[RECORD_TTL_SECONDS, *flat]
         )
+        return bool(done)
 
     # --- runs -------------------------------------------------------------------------
     def run_key(self, run_id: str) -> str:
@@ -388,6 +400,17 @@ def card_record(h: dict[str, str]) -> CardRecord:
         others,
         h.get("shown") or None,
     )
+
+
+def _result_fields(result: ToolResult) -> dict[str, str]:
+    return {
+        "result_ok": "1" if result.ok else "0",
+        "result_output": result.output,
+        "result_in_doubt": "1" if result.in_doubt else "0",
+        "result_skipped": result.skipped or "",
+        "result_after_cancel": "1" if result.after_cancel else "0",
+        "result_running_at_cancel": "1" if result.running_at_cancel else "0",
+    }
 
 
 def run_record(h: dict[str, str]) -> RunRecord:
