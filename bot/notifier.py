@@ -217,8 +217,9 @@ class Notifier:
             # A continued run answers once per continuation (turns_from tells them apart).
             leg = _int(data.get("turns_from"))
             marker = f"final-{leg}" if leg else "final"
-            await self.publisher.post_in_thread(event.run_id, origin, marker, texts)
-            await self._show_run(event.run_id, skip_run)
+            await self.publisher.post_in_thread(
+                event.run_id, origin, marker, texts, show_run=not skip_run
+            )
         elif t is EventType.RUN_FAILED:
             retry = None
             if data.get("retryable") is True:
@@ -226,16 +227,20 @@ class Notifier:
             text = cards.run_failed_message(str(data.get("error") or ""), retry)
             # A retried run may fail again: one message per failure (per event).
             marker = f"failed:{event.id}"
-            await self.publisher.post_in_thread(event.run_id, origin, marker, [text])
-            await self._show_run(event.run_id, skip_run)
+            await self.publisher.post_in_thread(
+                event.run_id, origin, marker, [text], show_run=not skip_run
+            )
         elif t is EventType.RUN_RETRIED:
             text = cards.run_retried_message(data.get("by"))
-            await self.publisher.post_in_thread(event.run_id, origin, f"retried:{event.id}", [text])
-            await self._show_run(event.run_id, skip_run)
+            marker = f"retried:{event.id}"
+            await self.publisher.post_in_thread(
+                event.run_id, origin, marker, [text], show_run=not skip_run
+            )
         elif t is EventType.RUN_CANCELLED:
             text = cards.run_cancelled_message(data.get("by"), data.get("reason"))
-            await self.publisher.post_in_thread(event.run_id, origin, "cancelled", [text])
-            await self._show_run(event.run_id, skip_run)
+            await self.publisher.post_in_thread(
+                event.run_id, origin, "cancelled", [text], show_run=not skip_run
+            )
             await self._approved_calls_at_cancel(event.run_id, data)
         # After Slack shows the event: the app's post in a thread clears its status line.
         await assistant.show_status(self.publisher, event)

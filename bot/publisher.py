@@ -357,42 +357,57 @@ class Publisher:
 
     async def show_run(self, run_id: str) -> None:
         """Update the run's root message ("Task started by …") to its current status."""
-        store = self.store
-        if not valid_run_id(run_id, store.keys):
+        if not valid_run_id(run_id, self.store.keys):
             return
-        # Read as the lock is taken, recorded as it is released (see show_gate).
-        read = [store.keys.run(run_id), store.run_key(run_id)]
-        async with store.lock(f"run:{run_id}", read=read) as held:
-            h, rec_h = held.read
-            if not h:
-                return
-            run = Run.from_hash(h)
-            rec = run_record(rec_h)
-            channel = rec.channel or _opt_str(run.origin.get("channel"))
-            ts = rec.ts or _opt_str(run.origin.get("thread_ts"))
-            if not channel or not ts:
-                return
-            card = cards.root_message(run.task, run.requested_by, run, self.command)
-            d = digest(card)
-            if rec.digest == d:
-                return
-            resp = await self._call(
-                "chat_update", channel=channel, ts=ts, text=card.text, blocks=card.blocks
-            )
-            if resp is not None:
-                held.write_at_release(store.run_key(run_id), {"digest": d})
+        async with self.store.lock(f"run:{run_id}", read=self._run_reads(run_id)) as held:
+            await self._show_root(run_id, held)
+
+    def _run_reads(self, run_id: str) -> list[str]:
+        # Read as the run's lock is taken (see show_gate): the run, and our record of it.
+        return [self.store.keys.run(run_id), self.store.run_key(run_id)]
+
+    async def _show_root(self, run_id: str, held: Held) -> None:
+        h, rec_h = held.read
+        if not h:
+            return
+        run = Run.from_hash(h)
+        rec = run_record(rec_h)
+        channel = rec.channel or _opt_str(run.origin.get("channel"))
+        ts = rec.ts or _opt_str(run.origin.get("thread_ts"))
+        if not channel or not ts:
+            return
+        card = cards.root_message(run.task, run.requested_by, run, self.command)
+        d = digest(card)
+        if rec.digest == d:
+            return
+        resp = await self._call(
+            "chat_update", channel=channel, ts=ts, text=card.text, blocks=card.blocks
+        )
+        if resp is not None:
+            held.write_at_release(self.store.run_key(run_id), {"digest": d})
 
     async def post_in_thread(
-        self, run_id: str, origin: dict[str, Any], marker: str, texts: list[str]
+        self,
+        run_id: str,
+        origin: dict[str, Any],
+        marker: str,
+        texts: list[str],
+        *,
+        show_run: bool = False,
     ) -> None:
-        """Post ``texts`` in the run's thread, each at most once (``marker`` names them)."""
+        """Post ``texts`` in the run's thread, each at most once (``marker`` names them);
+        then, with ``show_run``, update its root message as :meth:`show_run` does, under
+        the same lock."""
         channel = _opt_str(origin.get("channel"))
-        if not channel:
+        if not channel or not valid_run_id(run_id, self.store.keys):
+            if show_run:
+                await self.show_run(run_id)
             return
-        async with self.store.lock(f"run:{run_id}"):
+        async with self.store.lock(f"run:{run_id}", read=self._run_reads(run_id)) as held:
+            posted = held.read[1]
             for i, text in enumerate(texts):
                 part = f"{marker}:{i}"
-                if await self.store.posted(run_id, part):
+                if f"posted:{part}" in posted:
                     continue
                 resp = await self._call(
                     "chat_postMessage",
@@ -401,8 +416,11 @@ class Publisher:
                     text=text,
                 )
                 if resp is None:
-                    return
+                    break
+                # At once, not at the release: a part posted is never posted again.
                 await self.store.mark_posted(run_id, part, str(resp.get("ts", "")))
+            if show_run:
+                await self._show_root(run_id, held)
 
     async def tell(
         self,

@@ -264,9 +264,6 @@ class Store:
     async def set_run_digest(self, run_id: str, digest: str) -> None:
         await self._hset(self.run_key(run_id), {"digest": digest})
 
-    async def posted(self, run_id: str, marker: str) -> bool:
-        return bool(await self.redis.hexists(self.run_key(run_id), f"posted:{marker}"))
-
     async def mark_posted(self, run_id: str, marker: str, ts: str) -> None:
         await self._hset(self.run_key(run_id), {f"posted:{marker}": ts})
 

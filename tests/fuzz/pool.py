@@ -108,7 +108,8 @@ class GatePool:
         return run.run_id
 
     async def carded(self, timeout: float = 10.0) -> None:
-        """Until the notifier has posted every gate's card and released its locks."""
+        """Until the notifier has posted every gate's card, updated every root message it
+        can (posted with ``slack``) to "awaiting approval", and released its locks."""
         k = self.gateway.keys
 
         async def done() -> bool:
@@ -116,8 +117,12 @@ class GatePool:
                 await self.redis.hget(k.ext("slack-card", g.gate_id, k.shard_of(g.gate_id)), "ts")
                 for g in self.gates
             ]
+            roots = [
+                await self.redis.hget(k.ext("slack-run", r, k.shard_of(r)), "digest")
+                for r in (self.run_ids if self.slack is not None and self.threaded else [])
+            ]
             locks = await self.redis.keys("{" + k.prefix + "*:ext:slack-lock:*")
-            return all(cards) and not locks
+            return all(cards) and all(roots) and not locks
 
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
