@@ -31,6 +31,7 @@ from .exceptions import ConfigError, GateNotFound, LeaseLost
 from .gateway import Gateway, valid_run_id
 from .keys import Keys
 from .runner import Runner
+from .runtime import freeze_startup_heap
 from .settings import Settings, exit_on_config_error, importable_from_cwd, load_agents
 from .streams import StreamConsumer, StreamMessage, is_cluster, stream_groups
 from .trimmer import forget_dead_consumers, trim_events
@@ -496,6 +497,7 @@ async def serve(settings: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    freeze_startup_heap()
     await run_worker(settings, stop=stop)
 
 

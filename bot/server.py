@@ -39,6 +39,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent_core import Agent, ConfigError, Gateway, Keys, Settings, metrics
 from agent_core.connections import reachable_redis
 from agent_core.layout import old_layout_problem, refuse_old_layout
+from agent_core.runtime import freeze_startup_heap
 from agent_core.settings import exit_on_config_error, importable_from_cwd, load_agents
 from agent_core.streams import is_cluster
 
@@ -533,6 +534,7 @@ async def serve(settings: BotSettings, core: Settings) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_stop)
+    freeze_startup_heap()
     try:
         await server.wait()
     finally:
