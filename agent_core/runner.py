@@ -185,7 +185,8 @@ class Runner:
         ``fence`` is the caller's lease on the run (see :mod:`agent_core.scripts`); ``lost``,
         set by the caller's heartbeat when a renewal was refused, stops a model call (and its
         retries) at once. Raises :class:`LeaseLost` when the lease is no longer the caller's.
-        ``began``: BEGIN_RUN's reply when the caller took it with the lease (ACQUIRE_LEASE).
+        ``began``: BEGIN_RUN's reply when the caller took it with the lease (ACQUIRE_LEASE),
+        followed by the hash of the turn a resume job resumes when ACQUIRE_LEASE read it.
         """
         k = self.keys
         if began is None:
@@ -201,6 +202,7 @@ class Runner:
         if began[0] != "running":
             return
         run = pairs(began[1])
+        turn_hash = pairs(began[2]) if len(began) > 2 and began[2] else None
         if run.get("parent") and await self._orphaned(run, fence):
             return
         name = run.get("agent") or self.agent.name  # none named: this worker's first agent
@@ -214,12 +216,17 @@ class Runner:
                 fence,
             )
             return
-        await runner.drive(run, fence, lost)
+        await runner.drive(run, fence, lost, turn_hash)
 
     async def drive(
-        self, run: dict[str, str] | None, fence: str, lost: asyncio.Event | None = None
+        self,
+        run: dict[str, str] | None,
+        fence: str,
+        lost: asyncio.Event | None = None,
+        turn_hash: dict[str, str] | None = None,
     ) -> None:
-        """Advance a run this worker has begun (see :meth:`advance`) until it pauses."""
+        """Advance a run this worker has begun (see :meth:`advance`) until it pauses.
+        ``turn_hash``: the run's current turn, read with the lease (a resume job's turn)."""
         # Each step's script hands back the run as it left it: no re-read between steps. A
         # turn's last step also hands over what the next model call reads (``read``).
         read: list[list[str]] = []
@@ -228,9 +235,10 @@ class Runner:
             if phase == "model":
                 run = await self._model_turn(run, turn, fence, lost, read.pop() if read else None)
             elif phase == "tools":
-                run = await self._tools_turn(run, turn, fence, read)
+                run = await self._tools_turn(run, turn, fence, read, turn_hash)
             else:
                 return
+            turn_hash = None  # read for the first step only
 
     async def _orphaned(self, run: dict[str, str], fence: str) -> bool:
         """A child run whose parent finished (cancelled, failed) while the cascade did not
@@ -478,11 +486,17 @@ class Runner:
 
     # --- phase: tools -----------------------------------------------------------------
     async def _tools_turn(
-        self, run: dict[str, str], turn: int, fence: str, read: list[list[str]] | None = None
+        self,
+        run: dict[str, str],
+        turn: int,
+        fence: str,
+        read: list[list[str]] | None = None,
+        th: dict[str, str] | None = None,
     ) -> dict[str, str] | None:
         run_id = run["run_id"]
         k = self.keys
-        th = await self.redis.hgetall(k.turn(run_id, turn))
+        if th is None:
+            th = await self.redis.hgetall(k.turn(run_id, turn))
         order: list[str] = json.loads(th.get("order") or "[]")
         results: dict[str, str] = {}
         to_gate: list[tuple[int, dict[str, Any]]] = []

@@ -186,13 +186,16 @@ return ARGV[2]
 )
 
 # Take the lease of a run and, when KEYS[2] is given, begin it too (BEGIN_RUN's step: one
-# round trip instead of two when a job starts).
-# KEYS[1] run hash, KEYS[2] events stream (optional)
+# round trip instead of two when a job starts). A resume job names the turn it resumes: with
+# KEYS[3], that turn's hash comes back too when the run is still at that turn, in phase
+# `tools` (the calls to run next: one round trip fewer).
+# KEYS[1] run hash, KEYS[2] events stream (optional), KEYS[3] the turn's hash (optional)
 # ARGV[1] lease in ms, ARGV[2] worker name (for people reading the run), ARGV[3] agent name
-# (for run.started when the run hash names none; with KEYS[2])
-# Returns {'ok', fence, previous owner[, BEGIN_RUN's reply]} | {'busy', seconds left on the
-# holder's lease} | {'missing'}. The previous owner is '' unless this is a takeover: another
-# worker's lease ran out without being released (released leases have lease_until 0).
+# (for run.started when the run hash names none; with KEYS[2]), ARGV[4] the turn (with KEYS[3])
+# Returns {'ok', fence, previous owner[, BEGIN_RUN's reply[, the turn's hash]]} | {'busy',
+# seconds left on the holder's lease} | {'missing'}. The previous owner is '' unless this is a
+# takeover: another worker's lease ran out without being released (released leases have
+# lease_until 0).
 ACQUIRE_LEASE = (
     _HELPERS
     + """
@@ -206,8 +209,12 @@ local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 redis.call('HSET', KEYS[1], 'lease_until', string.format('%.6f', n + tonumber(ARGV[1]) / 1000),
   'lease_owner', ARGV[2])
 if KEYS[2] then
-  return {'ok', tostring(fence), before, begin_run(KEYS[1], KEYS[2], ARGV[3] or '',
-    string.format('%.6f', n))}
+  local began = begin_run(KEYS[1], KEYS[2], ARGV[3] or '', string.format('%.6f', n))
+  if KEYS[3] and began[1] == 'running' and redis.call('HGET', KEYS[1], 'turn') == ARGV[4]
+    and redis.call('HGET', KEYS[1], 'phase') == 'tools' then
+    began[3] = redis.call('HGETALL', KEYS[3])
+  end
+  return {'ok', tostring(fence), before, began}
 end
 return {'ok', tostring(fence), before}
 """

@@ -273,7 +273,7 @@ class Worker:
                 await reader.dead_letter(msg, "malformed job")
                 metrics.DEAD_LETTERS.labels("malformed").inc()
                 return
-            fence, began = await self._acquire(run_id)
+            fence, began = await self._acquire(run_id, msg.fields.get("turn"))
             if fence is None:
                 await reader.ack(msg)
                 log.warning("job %s for unknown run %s ignored", msg.id, run_id)
@@ -345,18 +345,23 @@ class Worker:
                 with contextlib.suppress(RedisError, OSError):
                     await self._release(keys=[self.keys.run(run_id)], args=[fence])
 
-    async def _acquire(self, run_id: str) -> tuple[str | None, list[Any] | None]:
-        """The run's lease: (a fence token, BEGIN_RUN's reply taken with it), ``("busy",
-        None)``, or ``(None, None)`` when the run does not exist.
+    async def _acquire(
+        self, run_id: str, turn: str | None = None
+    ) -> tuple[str | None, list[Any] | None]:
+        """The run's lease: (a fence token, BEGIN_RUN's reply taken with it, with ``turn``'s
+        hash when the job resumes that turn), ``("busy", None)``, or ``(None, None)`` when
+        the run does not exist.
 
         A busy run is tried a few times over about a second (a resume job often arrives
         while the worker that opened the gates is still releasing the run).
         """
         keys = [self.keys.run(run_id), self.keys.events(self.keys.shard_of(run_id))]
+        args: list[Any] = [self.lease_ms, self.name, self.agent.name]
+        if turn and turn.isdigit():
+            keys.append(self.keys.turn(run_id, int(turn)))
+            args.append(turn)
         for attempt in range(8):
-            res = await self._acquire_lease(
-                keys=keys, args=[self.lease_ms, self.name, self.agent.name]
-            )
+            res = await self._acquire_lease(keys=keys, args=args)
             if res[0] == "ok":
                 if len(res) > 2 and res[2]:
                     metrics.TAKEOVERS.inc()

@@ -148,3 +148,46 @@ async def test_gate_scripts_match_the_model(redis: Redis, n: int, program: list[
     for e in events:
         assert (e["status"], e["by"]) == model[e["gate_id"]]
     assert all(GateStatus(s) for s, _ in model.values())
+
+
+async def test_a_resume_job_names_its_turn_and_the_lease_reads_it(redis: Redis) -> None:
+    """The last decision's resume job names the turn; taking the lease for it (as the
+    worker does) reads that turn's calls in the same script, and only while the run is at
+    that turn with its tools to run."""
+    keys = Keys("t")
+    gw = Gateway(redis, keys)
+    runner = Runner(redis, keys, ops, client=None, model="m", approval_timeout=3600)  # type: ignore[arg-type]
+    run_id, gate_ids = await open_run(redis, gw, runner, 2)
+    fence = await redis.hget(keys.run(run_id), "fence")
+    await redis.eval(scripts.RELEASE_LEASE, 1, keys.run(run_id), fence)  # the opener's
+    for g in gate_ids:
+        await gw.decide(g, "approve", by="U1")
+    jobs = await redis.xrange(keys.jobs(keys.shard_of(run_id)))
+    resume = [f for _, f in jobs if f["type"] == "resume"]
+    assert resume == [{"type": "resume", "run_id": run_id, "turn": "1"}]
+
+    async def acquire(turn: str) -> list[Any]:
+        run_key = keys.run(run_id)
+        res = await redis.eval(
+            scripts.ACQUIRE_LEASE,
+            3,
+            run_key,
+            keys.events(keys.shard_of(run_id)),
+            keys.turn(run_id, int(turn)),
+            60_000,
+            "w1",
+            ops.name,
+            turn,
+        )
+        assert res[0] == "ok", res
+        await redis.eval(scripts.RELEASE_LEASE, 1, run_key, res[1])
+        return list(res[3])
+
+    began = await acquire("1")
+    assert began[0] == "running"
+    turn = dict(zip(began[2][::2], began[2][1::2], strict=True))
+    assert turn == await redis.hgetall(keys.turn(run_id, 1))
+    assert {turn["state:c0"], turn["state:c1"]} == {"gated"}
+    assert len(await acquire("2")) == 2, "another turn: not read"
+    await redis.hset(keys.run(run_id), "phase", "model")
+    assert len(await acquire("1")) == 2, "no tools to run: not read"
