@@ -170,7 +170,11 @@ def _malformed_payload(body: str, content_type: str) -> bool:
     elif body.startswith("payload=") or "&payload=" in body:
         raw = parse_qs(body).get("payload", [""])[-1]  # Bolt reads the last one
     else:
-        return False
+        # A form (a slash command): every field is text, and Slack sends none of the names
+        # Bolt reads as objects; one such field (``event=x``) made its middleware fail
+        # with AttributeError, answered 500 (fuzzing found it).
+        fields = parse_qs(body, keep_blank_values=True)
+        return any(name in fields for name in _FORM_OBJECTS)
     try:
         payload = json.loads(raw)
     except ValueError:
@@ -254,6 +258,19 @@ def _resigned(body: str, headers: Headers, secret: str) -> tuple[str, Headers]:
 
 
 _SIGNATURE_HEADERS = ("x-slack-request-timestamp", "x-slack-signature")
+# Fields Bolt reads as JSON objects (slack_bolt.request.internals and its middlewares).
+_FORM_OBJECTS = (
+    "assistant_thread",
+    "authorizations",
+    "container",
+    "event",
+    "function_data",
+    "inputs",
+    "item",
+    "message",
+    "previous_message",
+    "view",
+)
 _SSL_CHECK_FIELDS = frozenset({"ssl_check", "token"})
 
 

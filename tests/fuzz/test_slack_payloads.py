@@ -177,6 +177,30 @@ async def test_slash_command_forms(
     await check(bot, pool, raw, resp.status, user, error_logs)
 
 
+@pytest.mark.parametrize("field", ["event", "message", "view", "authorizations"])
+async def test_a_command_form_with_a_field_bolt_reads_as_an_object_is_malformed(
+    bot: BotHarness, pool: GatePool, error_logs: pytest.LogCaptureFixture, field: str
+) -> None:
+    """Found by the fuzzer above: ``event=<text>`` in a slash command's form made Bolt's
+    middleware fail (AttributeError), answered 500 and logged as an error."""
+    fields = {
+        "token": "deprecated-verification-token",
+        "team_id": "T0TEST",
+        "channel_id": CHANNEL,
+        "user_id": REQUESTER,
+        "command": "/agent",
+        "text": "delete user 9",
+        "response_url": bot.fake.response_url("object-field"),
+        "trigger_id": "13345224609.738474920.8088930838d88f008e0",
+        field: "R»ª W&",
+    }
+    raw = urlencode(fields)
+    resp = await bot.client.post(raw)
+    assert (resp.status, resp.json()) == (400, {"error": "malformed payload"})
+    await check(bot, pool, raw, resp.status, REQUESTER, error_logs, allowed=(400,))
+    assert not bot.fake.responses("object-field"), "nothing was started or said"
+
+
 # --------------------------------------------------------------------------- block_actions
 @FUZZ
 @given(data=st.data())
