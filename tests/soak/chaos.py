@@ -23,7 +23,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -198,13 +198,18 @@ class Chaos:
             await asyncio.sleep(self.rng.uniform(0.2, 2))
             self.web.start()
 
-    async def restart_redis(self, at: list[float]) -> None:
-        server = self.redis_server
-        assert server is not None
+    async def at_times(self, at: list[float]) -> AsyncIterator[float]:
+        """Each of ``at`` (monotonic times) when it comes, while the chaos lasts."""
         for t in at:
             await asyncio.sleep(max(0.0, t - time.monotonic()))
             if not self.chaos:
                 return
+            yield t
+
+    async def restart_redis(self, at: list[float]) -> None:
+        server = self.redis_server
+        assert server is not None
+        async for _ in self.at_times(at):
             self.redis_down = True
             server.kill()
             self.note("SIGKILL redis-server")
@@ -229,10 +234,7 @@ class Chaos:
         again from its AOF and ``nodes.conf``: it rejoins as a replica of its successor."""
         cluster = self.cluster
         assert cluster is not None
-        for t in at:
-            await asyncio.sleep(max(0.0, t - time.monotonic()))
-            if not self.chaos:
-                return
+        async for _ in self.at_times(at):
             masters = await in_thread(self.masters_with_a_replica)
             if not masters:
                 self.note("no master has a replica: no failover this time")
