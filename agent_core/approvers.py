@@ -38,9 +38,11 @@ class ApprovalRequest:
     args: dict[str, Any]
     agent: str
     run_id: str
-    requested_by: str
+    requested_by: str  # the primary requester: the top run's starter
     path: list[str] = field(default_factory=list)
     origin: dict[str, Any] = field(default_factory=dict)
+    # Everyone whose message the model had read when it asked for the call, the primary first.
+    requesters: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

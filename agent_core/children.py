@@ -20,6 +20,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 
 from .keys import Keys
+from .models import requesters_of
 from .scripts import _HELPERS
 
 log = logging.getLogger(__name__)
@@ -130,9 +131,10 @@ async def spawn(
         "run_id": child_id,
         "agent": child_agent,
         "task": task,
-        # The person whose message led to this call: the self-approval rule applies to
-        # them at every depth.
-        "requested_by": run.get("last_by") or run.get("requested_by", ""),
+        # The top run's starter and everyone the parent's model had read: the self-approval
+        # rule applies to each of them at every depth.
+        "requested_by": run.get("requested_by", ""),
+        "requesters": json.dumps(requesters_of(run)),
         "origin": json.dumps(child_origin(run, parent_agent, child_agent)),
         "status": "queued",
         "phase": "model",

@@ -137,6 +137,7 @@ class Gateway:
             "agent": agent or self.agent_name,
             "task": task,
             "requested_by": requested_by,
+            "requesters": json.dumps([requested_by]),
             "origin": json.dumps(origin or {}),
             "status": "queued",
             "phase": "model",
@@ -279,7 +280,8 @@ class Gateway:
 
         A completed or failed run starts its next turn with the whole history (``STARTED``).
         A run still working or awaiting approval keeps the message for its next model turn
-        (``QUEUED``). Gates opened after it name ``by`` as their requester (self-approval).
+        (``QUEUED``). Once the model has read it, ``by`` is one of the run's requesters: none of
+        them may approve the calls it asks for later (unless self-approval is allowed).
         :class:`RunNotFound` for an unknown run, :class:`InvalidState` for a cancelled one.
         """
         message = clean_text(message).strip()

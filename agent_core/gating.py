@@ -19,6 +19,7 @@ from .agent import Agent
 from .approvers import RULE_PREFIX, ApprovalRequest, consult
 from .completions import clean_text
 from .keys import Keys
+from .models import requesters_of
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,10 @@ async def open_gates(
     are listed in call order."""
     run_id = run["run_id"]
     origin = json.loads(run.get("origin") or "{}")
-    # The person whose message led to these calls: the latest user message's author.
-    requested_by = run.get("last_by") or run.get("requested_by", "")
+    # Whoever spoke to the agent is a requester: everyone whose message the model had read
+    # (the run's starter first), inherited from the top run by sub-agents.
+    requesters = requesters_of(run)
+    requested_by = run.get("requested_by") or (requesters[0] if requesters else "")
     nested = bool(run.get("parent"))
     path = origin.get("path") if nested else None
     if not isinstance(path, list):
@@ -75,6 +78,7 @@ async def open_gates(
             "status": "pending",
             "agent": agent.name,
             "requested_by": requested_by,
+            "requesters": json.dumps(requesters),
             "origin": run.get("origin") or "{}",
             "timeout": str(timeout),
             "nested": "1" if nested else "0",
@@ -93,6 +97,7 @@ async def open_gates(
             "args_hash": digest,
             "agent": agent.name,
             "requested_by": requested_by,
+            "requesters": requesters,
             "origin": origin,
             "timeout": timeout,
             "nested": nested,
@@ -108,6 +113,7 @@ async def open_gates(
                 run_id=run_id,
                 requested_by=requested_by,
                 path=list(path),
+                requesters=list(requesters),
                 origin=dict(origin),
             )
             verdict = await consult(agent.approvers, request)  # type: ignore[arg-type]

@@ -66,6 +66,16 @@ class ContinueOutcome(str, Enum):
     QUEUED = "queued"  # the run is working: the model gets it at its next turn
 
 
+def requesters_of(h: dict[str, str]) -> list[str]:
+    """Everyone whose message the model had read, the starter first (a run hash's or a gate
+    hash's ``requesters``; for one stored before the field existed, its ``requested_by`` and,
+    for a run, the author of its latest message)."""
+    found = [u for u in _str_list(h.get("requesters")) if u]
+    if not found:
+        found = [u for u in (h.get("requested_by"), h.get("last_by")) if u]
+    return list(dict.fromkeys(found))
+
+
 def _opt_float(value: str | None) -> float | None:
     return float(value) if value not in (None, "") else None
 
@@ -77,6 +87,9 @@ class Run(BaseModel):
     agent: str
     task: str
     requested_by: str
+    # Everyone who spoke to the agent in this run, the starter first: none of them may approve
+    # its calls unless self-approval is allowed.
+    requesters: list[str] = Field(default_factory=list)
     origin: dict[str, Any] = Field(default_factory=dict)
     status: RunStatus
     created_at: float
@@ -96,6 +109,7 @@ class Run(BaseModel):
             agent=h.get("agent", ""),
             task=h.get("task", ""),
             requested_by=h.get("requested_by", ""),
+            requesters=requesters_of(h),
             origin=json.loads(h.get("origin") or "{}"),
             status=RunStatus(h["status"]),
             created_at=float(h.get("created_at") or 0),
@@ -123,7 +137,10 @@ class Gate(BaseModel):
     args_hash: str
     status: GateStatus
     agent: str = ""
-    requested_by: str = ""
+    requested_by: str = ""  # the primary requester: the top run's starter
+    # Everyone whose message the model had read when it asked for the call (the primary
+    # first, then who spoke in the thread), down through sub-agents.
+    requesters: list[str] = Field(default_factory=list)
     origin: dict[str, Any] = Field(default_factory=dict)
     created_at: float
     deadline: float
@@ -152,6 +169,7 @@ class Gate(BaseModel):
             status=GateStatus(h["status"]),
             agent=h.get("agent", ""),
             requested_by=h.get("requested_by", ""),
+            requesters=requesters_of(h),
             origin=json.loads(h.get("origin") or "{}"),
             created_at=float(h["created_at"]),
             deadline=float(h["deadline"]),

@@ -7,6 +7,8 @@ arrives in KEYS, and running one twice changes nothing more.
 
 from __future__ import annotations
 
+from .scripts import _HELPERS
+
 # Continue a run that failed retryably (its model call kept failing) from the step it
 # failed in: nothing that ran runs again, since every earlier step is recorded.
 # KEYS[1] run hash, KEYS[2] finished-runs zset, KEYS[3] active-runs zset, KEYS[4] jobs
@@ -43,7 +45,9 @@ return {ok = 'queued'}
 # ARGV[1] run id, ARGV[2] user message JSON, ARGV[3] by, ARGV[4] now,
 # ARGV[5] inbox entry JSON ({"by": …, "message": the user message JSON as a string})
 # Returns 'started' | 'queued' | 'cancelled' | 'missing' as status replies.
-CONTINUE_RUN = """
+CONTINUE_RUN = (
+    _HELPERS
+    + """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st then return {ok = 'missing'} end
 if st == 'cancelled' then return {ok = 'cancelled'} end
@@ -61,6 +65,7 @@ else
     local n = redis.call('RPUSH', KEYS[2], ARGV[2])
     redis.call('HSET', KEYS[3], tostring(n - 1), ARGV[3])
     redis.call('HSET', KEYS[1], 'last_by', ARGV[3])
+    add_requesters(KEYS[1], KEYS[3], {ARGV[3]})
   end
   redis.call('HSET', KEYS[1], 'status', 'queued', 'phase', phase, 'final', '', 'error', '',
     'retryable', '0', 'pending', 0, 'children_pending', 0, 'turns_from', redis.call('HGET', KEYS[1], 'turn') or '0',
@@ -76,3 +81,4 @@ redis.call('XADD', KEYS[8], '*', 'type', 'run.continued', 'run_id', ARGV[1], 'da
   .. ',"queued":' .. (queued and 'true' or 'false') .. ',"origin":' .. origin .. '}')
 return {ok = queued and 'queued' or 'started'}
 """
+)

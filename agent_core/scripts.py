@@ -106,6 +106,30 @@ local function begin_run(run_key, events_key, agent, nowstr)
   end
   return {st, redis.call('HGETALL', run_key)}
 end
+-- Whoever spoke to the agent is a requester (invariant 10): the run's `requesters` field is
+-- a JSON list, the run's starter first, then each author in the order they first wrote,
+-- grown in the same step that moves their message into the history the model reads. A run
+-- stored before the field existed gets it from its starter and its history's authors.
+local function add_requesters(run_key, authors_key, authors)
+  local raw = redis.call('HGET', run_key, 'requesters')
+  local list, seen = {}, {}
+  local function add(who)
+    if who and who ~= '' and not seen[who] then
+      seen[who] = true
+      list[#list + 1] = who
+    end
+  end
+  if raw then
+    for _, who in ipairs(cjson.decode(raw)) do add(who) end
+  else
+    add(redis.call('HGET', run_key, 'requested_by'))
+    local old = redis.call('HVALS', authors_key)
+    table.sort(old)
+    for _, who in ipairs(old) do add(who) end
+  end
+  for _, who in ipairs(authors) do add(who) end
+  if #list > 0 then redis.call('HSET', run_key, 'requesters', cjson.encode(list)) end
+end
 -- READ_FOR_MODEL's step, shared with FINISH_TURN (which hands the history over with the
 -- turn it closes). Under a current lease, in phase `model`, the messages queued in the
 -- run's inbox are first moved to the history, in order, with their authors.
@@ -118,15 +142,18 @@ local function read_for_model(run_key, history_key, authors_key, inbox_key, fenc
     and h[5] == 'running' then
     local queued = redis.call('LRANGE', inbox_key, 0, -1)
     local by = nil
+    local authors = {}
     for i = 1, #queued do queued[i] = cjson.decode(queued[i]) end  -- all read before a write
     for i = 1, #queued do
       local e = queued[i]
       local n = redis.call('RPUSH', history_key, e['message'])
       redis.call('HSET', authors_key, tostring(n - 1), e['by'])
       by = e['by']
+      authors[#authors + 1] = by
     end
     if by then
       redis.call('HSET', run_key, 'last_by', by)
+      add_requesters(run_key, authors_key, authors)
       redis.call('DEL', inbox_key)
     end
   end

@@ -92,17 +92,27 @@ class Approvers:
     ) -> str | None:
         """``None`` if the user may approve (``approve=True``) or deny this gate.
 
-        The requester may always deny their own call (as they may cancel the run), but
-        approve it only when self-approval is enabled. ``external`` as for :meth:`is_approver`.
+        Whoever spoke to the agent is a requester: the run's starter and everyone whose
+        message the model had read when it asked for the call (thread replies, mentions, down
+        through sub-agents). No requester may approve the call unless self-approval is
+        enabled. The starter may always deny their own run's call (as they may cancel the
+        run). ``external`` as for :meth:`is_approver`.
         """
-        own = bool(gate.requested_by) and user_id == gate.requested_by
-        if not approve and own:
+        starter = bool(gate.requested_by) and user_id == gate.requested_by
+        if not approve and starter:
             return None
-        if approve and own and not self.allow_self_approval:
-            return (
-                "You asked for this run, so someone else has to approve its tool calls "
-                "(self-approval is off: ALLOW_SELF_APPROVAL)."
-            )
+        if approve and not self.allow_self_approval:
+            if starter:
+                return (
+                    "You asked for this run, so someone else has to approve its tool calls "
+                    "(self-approval is off: ALLOW_SELF_APPROVAL)."
+                )
+            if user_id in gate.requesters and not await self.why_not(user_id, external=external):
+                return (
+                    "You spoke to the agent in this run's thread before it asked for this "
+                    "call, so you are one of its requesters: someone else has to approve it "
+                    "(self-approval is off: ALLOW_SELF_APPROVAL)."
+                )
         return await self.why_not(user_id, external=external)
 
     async def _members(self, group: str) -> frozenset[str]:

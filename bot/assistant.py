@@ -308,19 +308,23 @@ class StatusLine:
         if t in _STARTED or (t is EventType.TOOL_EXECUTED and not data.get("after_cancel")):
             return WORKING
         if t is EventType.GATE_OPENED:
-            return await self.waiting(str(data.get("requested_by") or ""))
+            asked = data.get("requesters")
+            who = [str(u) for u in asked] if isinstance(asked, list) else []
+            return await self.waiting([str(data.get("requested_by") or ""), *who])
         if t is EventType.GATE_DECIDED and data.get("status") != "cancelled":
             # A turn resumes when its last gate is decided; a cancelled gate's run ends next.
             pending = await self.ctx.gateway.pending_gates(event.run_id)
-            return await self.waiting(pending[0].requested_by) if pending else WORKING
+            if not pending:
+                return WORKING
+            return await self.waiting([pending[0].requested_by, *pending[0].requesters])
         if t in _FINISHED:
             return WORKING if child else ""
         return None
 
-    async def waiting(self, requested_by: str) -> str:
-        """The status while a gate is open, naming the approvers as configured (the requester
-        left out unless they may approve their own calls): ``is waiting for approval from
-        @Avery or @oncall``."""
+    async def waiting(self, requesters: list[str]) -> str:
+        """The status while a gate is open, naming the approvers as configured (the call's
+        requesters left out unless they may approve their own calls): ``is waiting for
+        approval from @Avery or @oncall``."""
         spec = parse_approvers(self.ctx.settings.approvers)
         if not spec or "*" in spec:
             return WAITING
@@ -328,7 +332,7 @@ class StatusLine:
         named: list[str] = []
         unnamed = 0
         for ident in spec:
-            if ident == requested_by and not self_ok:
+            if ident in requesters and not self_ok:
                 continue
             name = await self.names.name(ident)
             if name:

@@ -115,6 +115,18 @@ def user(user_id: str | None) -> str:
     return f"<@{escape(user_id)}>"
 
 
+def requesters(gate: Gate, limit: int = 8) -> str:
+    """``<@A> (thread: <@B>, <@C>)``: the primary requester, then whoever else spoke to the
+    agent before it asked for the call (each a requester who may not approve it)."""
+    primary = gate.requested_by or (gate.requesters[0] if gate.requesters else "")
+    others = [u for u in gate.requesters if u != primary]
+    if not others:
+        return user(primary)
+    shown = ", ".join(user(u) for u in others[:limit])
+    more = f" and {len(others) - limit} more" if len(others) > limit else ""
+    return f"{user(primary)} (thread: {shown}{more})"
+
+
 def pretty_args(args: dict[str, Any]) -> str:
     return json.dumps(args, indent=2, ensure_ascii=False, default=str)
 
@@ -274,7 +286,7 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
     header = clip(f"{head}: {gate.tool}", HEADER_LIMIT)
     fields = [
         _mrkdwn(f"*Agent*\n{clip_escaped(gate.agent or 'agent', 200)}"),
-        _mrkdwn(f"*Requested by*\n{user(gate.requested_by)}"),
+        _mrkdwn(f"*Requested by*\n{requesters(gate)}"),
         _mrkdwn(f"*Tool*\n`{clip(tool, 200)}`"),
         _mrkdwn(f"*Run*\n`{clip_escaped(gate.run_id, 100)}`"),
     ]
@@ -316,7 +328,7 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
     verb = "Approval needed" if pending else head.split(" ", 1)[1]
     text = (
         f"{verb}: {clip(tool, 100)} (run {clip_escaped(gate.run_id, 100)}, "
-        f"requested by {user(gate.requested_by)})"
+        f"requested by {requesters(gate, limit=3)})"
     )
     return Card(text=text, blocks=blocks)
 

@@ -32,7 +32,7 @@ HELP: dict[str, str] = {
     ),
     "SLACK_API_URL": "the Slack Web API base URL",
     "APPROVERS": "who may approve: user IDs (U…), user-group IDs (S…) and/or *, comma-separated",
-    "ALLOW_SELF_APPROVAL": "whether a run's requester may approve its calls: true or false",
+    "ALLOW_SELF_APPROVAL": "whether a call's requesters (the run's starter, whoever spoke in its thread) may approve it: true or false",
     "ALLOW_EXTERNAL_APPROVERS": (
         "whether, with APPROVERS=*, people of other workspaces may decide: true or false"
     ),

@@ -205,6 +205,14 @@ async def change_freeze(call: ApprovalRequest) -> Verdict | None:
     return None  # no opinion: the next rule, then a person
 
 
+@approver(name="who_asked")
+def who_asked(call: ApprovalRequest) -> Verdict | None:
+    """Denies deleting the user "shared", naming who asked for it (rules see every requester)."""
+    if call.tool == "delete_user" and call.args.get("user_id") == "shared":
+        return deny(f"asked by {call.requested_by}; requesters {', '.join(call.requesters)}")
+    return None
+
+
 def broken_rule(call: ApprovalRequest) -> Verdict:
     raise RuntimeError("the rule's backend is down")
 
@@ -219,5 +227,5 @@ ruled = Agent(
     name="ruled",
     instructions="You are a test agent with approval rules.",
     tools=[read_table, delete_user, lookup],
-    approvers=[broken_rule, slow_rule, change_freeze, staging_reads],
+    approvers=[broken_rule, slow_rule, change_freeze, who_asked, staging_reads],
 )

@@ -190,13 +190,14 @@ async def test_a_reply_while_awaiting_approval_is_queued_and_the_gate_is_its_aut
     await live.client.action("gate_approve", cards.button_value(gate), user_id=APPROVER)
 
     # The reply was queued: the model got it after the tool result, and the gate it led to
-    # names its author, who may not approve it (self-approval); someone else may.
+    # names its author among its requesters, who may not approve it (self-approval);
+    # someone else may.
     async def second_gate() -> Any:
         gates = await live.gateway.pending_gates(run_id)
         return gates[0] if gates else None
 
     gate2 = await wait_until(second_gate, timeout=15)
-    assert gate2.requested_by == APPROVER2
+    assert (gate2.requested_by, gate2.requesters) == (REQUESTER, [REQUESTER, APPROVER2])
     await live.client.action(
         "gate_approve",
         cards.button_value(gate2),

@@ -83,7 +83,7 @@ async def test_a_message_while_awaiting_approval_is_queued_for_the_next_model_tu
     assert await harness.redis.llen(harness.keys.run_inbox(run.run_id)) == 0
 
 
-async def test_a_gate_after_a_continuation_is_requested_by_its_author(
+async def test_a_gate_after_a_continuation_names_its_author_among_its_requesters(
     harness: Harness, fake_openai: FakeOpenAI, journal: Path
 ) -> None:
     fake_openai.script(
@@ -95,9 +95,10 @@ async def test_a_gate_after_a_continuation_is_requested_by_its_author(
     await harness.wait_finished(run.run_id)
     await gw.continue_run(run.run_id, "delete user 7", by="U2")
     [opened] = await harness.opened_gates(run.run_id, 1)
-    assert opened.data["requested_by"] == "U2"
+    assert (opened.data["requested_by"], opened.data["requesters"]) == ("U1", ["U1", "U2"])
     [gate] = await gw.pending_gates(run.run_id)
-    assert gate.requested_by == "U2"  # the bot refuses U2's approval (self-approval)
+    # The bot refuses U1's and U2's approval (self-approval).
+    assert (gate.requested_by, gate.requesters) == ("U1", ["U1", "U2"])
 
 
 async def test_a_cancelled_run_does_not_continue(harness: Harness, fake_openai: FakeOpenAI) -> None:
