@@ -8,6 +8,7 @@ from .connections import create_redis
 from .events import EventConsumer
 from .exceptions import (
     ArgsHashMismatch,
+    ChildRunSettled,
     ConfigError,
     GateNotFound,
     GatewayError,
@@ -45,6 +46,7 @@ __all__ = [
     "ApprovalRequest",
     "Approver",
     "ArgsHashMismatch",
+    "ChildRunSettled",
     "ConfigError",
     "ContinueOutcome",
     "DecideResult",

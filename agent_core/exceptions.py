@@ -8,7 +8,8 @@
     │   ├── RunNotFound      no run with that id
     │   └── GateNotFound     no gate with that id (also malformed ids)
     ├── InvalidState         the run cannot do that now (e.g. cancel a finished run)
-    │   └── ArgsHashMismatch the decider saw other arguments than the gate's: nothing decided
+    │   ├── ArgsHashMismatch the decider saw other arguments than the gate's: nothing decided
+    │   └── ChildRunSettled  a sub-agent's run its parent no longer waits for: retry the top run
     ├── LeaseLost            this worker no longer holds the run's lease: it wrote nothing
     └── ToolError
         ├── ToolDefinitionError   a tool that cannot be described to the model
@@ -44,6 +45,15 @@ class InvalidState(GatewayError):
 
 class ArgsHashMismatch(InvalidState):
     """A decision named an arguments hash that is not the gate's; nothing was decided."""
+
+
+class ChildRunSettled(InvalidState):
+    """A sub-agent's run whose parent already has its outcome cannot be retried on its own:
+    its answer would reach nobody. ``top_run`` is the run to retry (or continue) instead."""
+
+    def __init__(self, message: str, *, top_run: str) -> None:
+        super().__init__(message)
+        self.top_run = top_run
 
 
 class LeaseLost(GatewayError):

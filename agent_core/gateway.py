@@ -22,7 +22,7 @@ from .children import parent_keys
 from .completions import clean_text
 from .connections import eval_replicated
 from .events import EventConsumer
-from .exceptions import ArgsHashMismatch, GateNotFound, InvalidState, RunNotFound
+from .exceptions import ArgsHashMismatch, ChildRunSettled, GateNotFound, InvalidState, RunNotFound
 from .keys import Keys
 from .models import ContinueOutcome, DecideResult, Decision, Gate, GateStatus, Run, RunStatus
 from .placement import ShardPicker
@@ -383,7 +383,9 @@ class Gateway:
 
         Nothing that ran runs again: every earlier step is recorded. :class:`RunNotFound`
         for an unknown run, :class:`InvalidState` when it is not failed or its failure is
-        not one a retry can fix.
+        not one a retry can fix. A sub-agent's run is retried only while its parent still
+        waits for it; once the parent has its failure as the call's result,
+        :class:`ChildRunSettled` names the top run to retry instead.
         """
         if not valid_run_id(run_id, self.keys):
             raise RunNotFound(f"no run {run_id!r}")
@@ -391,6 +393,9 @@ class Gateway:
             raise ValueError("by is required")
         k = self.keys
         shard = k.shard_of(run_id)
+        # A run's parent never changes: the script only checks these were read right.
+        parent, parent_turn = await self.redis.hmget(k.run(run_id), ["parent", "parent_turn"])
+        family = {"parent": parent or "", "parent_turn": parent_turn or "0"}
         res = await self._retry(
             keys=[
                 k.run(run_id),
@@ -398,8 +403,9 @@ class Gateway:
                 k.active(shard),
                 k.jobs(shard),
                 k.events(shard),
+                *parent_keys(k, run_id, family)[:2],
             ],
-            args=[run_id, by, f"{time.time():.6f}"],
+            args=[run_id, by, f"{time.time():.6f}", family["parent"], family["parent_turn"]],
         )
         if res == "missing":
             raise RunNotFound(f"no run {run_id!r}")
@@ -407,11 +413,30 @@ class Gateway:
             run = await self.get_run(run_id)
             status = run.status.value if run else "gone"
             raise InvalidState(f"run {run_id} is {status}; only a failed run can be retried")
+        if res == "parent_moved_on":
+            top = await self.top_run_id(run_id)
+            raise ChildRunSettled(
+                f"run {run_id} is a sub-agent's run and its parent has already been told it "
+                f"failed; retry the top run {top} instead",
+                top_run=top,
+            )
         if res == "not_retryable":
             raise InvalidState(f"run {run_id} failed in a way a retry cannot fix (see its error)")
+        if res != "queued":
+            raise InvalidState(f"run {run_id} changed while it was being retried; try again")
         run = await self.get_run(run_id)
         assert run is not None
         return run
+
+    async def top_run_id(self, run_id: str) -> str:
+        """The run at the top of ``run_id``'s sub-agents (the run itself when it has no
+        parent): the one its thread's root message shows."""
+        for _ in range(32):  # deeper than any MAX_DEPTH; a loop in the data cannot hang
+            parent = await self.redis.hget(self.keys.run(run_id), "parent")
+            if not parent or not valid_run_id(parent, self.keys):
+                break
+            run_id = parent
+        return run_id
 
     # --- gates ------------------------------------------------------------------------
     async def get_gate(self, gate_id: str) -> Gate | None:

@@ -61,6 +61,28 @@ def in_doubt(tool: str) -> str:
     )
 
 
+def not_run_at_failure(error: str) -> str:
+    """A call of a turn whose run failed before the call started (approved or not)."""
+    return (
+        f"Not executed: the run failed before this call ran ({_clip(error, 300)}), so it had "
+        "no effect, and any approval it had no longer holds. If it is still needed, call it "
+        "again: a call that needs approval is asked for again."
+    )
+
+
+def in_doubt_at_failure() -> str:
+    """A call that was running (claimed, never reported) when its run failed."""
+    return (
+        "Outcome unknown: this call was running when the run failed, and its worker never "
+        "reported a result, so it may or may not have taken effect. It was not run again. "
+        "Tell the user the outcome is in doubt and that it should be checked before any retry."
+    )
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def tool_raised(tool: str, exc: BaseException) -> str:
     return f"Error: the tool {tool} failed: {type(exc).__name__}: {exc}"
 

@@ -11,14 +11,35 @@ from .scripts import _HELPERS
 
 # Continue a run that failed retryably (its model call kept failing) from the step it
 # failed in: nothing that ran runs again, since every earlier step is recorded.
+# A sub-agent's run is retried only while its parent still waits for it: the parent's call
+# is still `child` in its turn, for this very run, and the parent has not finished. Once the
+# parent took the failure as the call's result (that happens with the failure itself) the
+# child's answer would reach nobody: the caller is told to retry the top run instead.
 # KEYS[1] run hash, KEYS[2] finished-runs zset, KEYS[3] active-runs zset, KEYS[4] jobs
-# stream, KEYS[5] events stream
-# ARGV[1] run id, ARGV[2] by, ARGV[3] now
-# Returns 'queued' | 'missing' | 'not_failed' | 'not_retryable' as status replies.
+# stream, KEYS[5] events stream, KEYS[6] parent run hash, KEYS[7] parent turn hash (for a
+# run without parent: KEYS[1] twice, never read)
+# ARGV[1] run id, ARGV[2] by, ARGV[3] now, ARGV[4] the parent run id ('' for none) and
+# ARGV[5] its turn, as the caller read them (a mismatch means KEYS[6..7] are not the
+# parent's: nothing is written)
+# Returns 'queued' | 'missing' | 'not_failed' | 'not_retryable' | 'parent_moved_on' (a
+# sub-agent's run its parent no longer waits for) | 'retry' (read the parent again) as
+# status replies.
 RETRY_RUN = """
-local st = redis.call('HGET', KEYS[1], 'status')
+local r = redis.call('HMGET', KEYS[1], 'status', 'parent', 'parent_turn', 'parent_call')
+local st = r[1]
 if not st then return {ok = 'missing'} end
 if st ~= 'failed' then return {ok = 'not_failed'} end
+if (r[2] or '') ~= ARGV[4] or (r[2] and (r[3] or '0') ~= ARGV[5]) then
+  return {ok = 'retry'}
+end
+if r[2] then
+  local pst = redis.call('HGET', KEYS[6], 'status')
+  if not r[4] or not pst or pst == 'completed' or pst == 'failed' or pst == 'cancelled'
+    or redis.call('HGET', KEYS[7], 'state:' .. r[4]) ~= 'child'
+    or redis.call('HGET', KEYS[7], 'child:' .. r[4]) ~= ARGV[1] then
+    return {ok = 'parent_moved_on'}
+  end
+end
 if redis.call('HGET', KEYS[1], 'retryable') ~= '1' then return {ok = 'not_retryable'} end
 local phase = redis.call('HGET', KEYS[1], 'failed_phase') or 'model'
 redis.call('HSET', KEYS[1], 'status', 'queued', 'phase', phase, 'error', '',

@@ -280,8 +280,15 @@ class Runner:
                 "origin": json.loads(origin),
             }
         )
+        # The current turn's calls that did not run are closed with the failure.
+        not_run, in_doubt = messages.not_run_at_failure(error), messages.in_doubt_at_failure()
         for _ in range(10):
-            gate_ids = sorted(await self.redis.smembers(k.run_gates(run_id)))
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.smembers(k.run_gates(run_id))
+                pipe.hget(k.run(run_id), "turn")
+                members, turn = await pipe.execute()
+            gate_ids = sorted(members)
+            turn = turn or "0"
             were_pending = await metrics.pending_gates(self.redis, k, gate_ids)
             res = await self._fail(
                 keys=[
@@ -292,6 +299,7 @@ class Runner:
                     k.run_gates(run_id),
                     k.active(k.shard_of(run_id)),
                     *children.parent_keys(k, run_id, run),
+                    k.turn(run_id, int(turn)),
                     *(k.gate(g) for g in gate_ids),
                 ],
                 args=[
@@ -302,6 +310,9 @@ class Runner:
                     run_id,
                     "1" if retryable else "0",
                     told,
+                    turn,
+                    not_run,
+                    in_doubt,
                     *gate_ids,
                 ],
             )

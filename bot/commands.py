@@ -25,7 +25,7 @@ from typing import Any
 from redis.exceptions import RedisError
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 
-from agent_core.exceptions import InvalidState, RunNotFound
+from agent_core.exceptions import ChildRunSettled, InvalidState, RunNotFound
 from agent_core.models import Gate, Run, RunStatus
 
 from . import cards
@@ -343,6 +343,10 @@ class Commands:
         except RunNotFound:
             await _reply(respond, f"There is no run `{shown}`.")
             return
+        except ChildRunSettled as exc:
+            top = cards.clip_escaped(exc.top_run, 100)
+            await _reply(respond, CHILD_SETTLED.format(run=shown, top=top, command=self.command))
+            return
         except InvalidState:
             current = await ctx.gateway.get_run(run.run_id)
             if current is not None and current.status is RunStatus.FAILED:
@@ -363,6 +367,12 @@ class Commands:
 RETRYING = (
     "Retrying run `{run}`. It continues from its last completed step: "
     "tool calls that already ran are not run again."
+)
+CHILD_SETTLED = (
+    "Run `{run}` is a sub-agent's run, and its parent already got its failure as the "
+    "sub-agent's answer: retried alone, its answer would reach nobody. Retry the top run "
+    "`{top}` instead (`{command} retry {top}`, if it failed), or reply in its thread to "
+    "continue it."
 )
 NOT_RETRYABLE = (
     "Run `{run}` failed in a way a retry cannot fix (its error is in its thread). "

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 GROUP = "bot"
 NEVER_RAN = "the run was cancelled before this call started"
+NEVER_RAN_FAILED = "the run failed before this call started"
 
 
 def consumer_name() -> str:
@@ -185,6 +186,8 @@ class Notifier:
             # so a cancel still tells its approved calls' cards that they never ran.
             if t is EventType.RUN_CANCELLED:
                 await self._approved_calls_at_cancel(event.run_id, data)
+            elif t is EventType.RUN_FAILED:
+                await self._approved_calls_at_failure(data)
             return
         if t is EventType.GATE_OPENED:
             gate_id = str(data["gate_id"])
@@ -230,6 +233,7 @@ class Notifier:
             await self.publisher.post_in_thread(
                 event.run_id, origin, marker, [text], show_run=not skip_run
             )
+            await self._approved_calls_at_failure(data)
         elif t is EventType.RUN_RETRIED:
             text = cards.run_retried_message(data.get("by"))
             marker = f"retried:{event.id}"
@@ -268,6 +272,17 @@ class Notifier:
             await self._mark_unless_known(
                 gate_id, cards.ToolResult(ok=False, running_at_cancel=True)
             )
+
+    async def _approved_calls_at_failure(self, data: dict[str, Any]) -> None:
+        """The approved calls of a failed run that never ran, or were left in doubt by a
+        worker that stopped: the core lists them; their cards say so instead of
+        "Running…"."""
+        for gate_id in _gate_ids(data.get("never_ran")) or []:
+            await self._mark_unless_known(
+                gate_id, cards.ToolResult(ok=False, skipped=NEVER_RAN_FAILED)
+            )
+        for gate_id in _gate_ids(data.get("in_doubt")) or []:
+            await self._mark_unless_known(gate_id, cards.ToolResult(ok=False, in_doubt=True))
 
     async def _approved_but_never_run(self, run_id: str) -> None:
         """Without the core's lists, a guess: an approved call with no outcome yet never ran."""

@@ -60,6 +60,9 @@ TURN_EVENT_TYPE = "approval_turn"
 SEARCH_MARGIN_SECONDS = 600.0
 SEARCH_PAGES = 10
 SEARCH_PAGE_SIZE = 200
+# How many parents up a sub-agent's run is followed to its top run (deeper than any
+# MAX_DEPTH; a loop in the data cannot hang).
+MAX_RUN_DEPTH = 32
 
 
 class TransientSlackError(Exception):
@@ -356,35 +359,47 @@ class Publisher:
         return self._bot_id or None
 
     async def show_run(self, run_id: str) -> None:
-        """Update the run's root message ("Task started by …") to its current status."""
-        if not valid_run_id(run_id, self.store.keys):
-            return
-        async with self.store.lock(f"run:{run_id}", read=self._run_reads(run_id)) as held:
-            await self._show_root(run_id, held)
+        """Update the run's root message ("Task started by …") to its current status.
+
+        A thread's root message shows its top run, never a sub-agent's: for a sub-agent's
+        run (which shares its parent's thread) the run above it is shown instead."""
+        for _ in range(MAX_RUN_DEPTH):
+            if not valid_run_id(run_id, self.store.keys):
+                return
+            async with self.store.lock(f"run:{run_id}", read=self._run_reads(run_id)) as held:
+                parent = await self._show_root(run_id, held)
+            if parent is None:
+                return
+            run_id = parent
 
     def _run_reads(self, run_id: str) -> list[str]:
         # Read as the run's lock is taken (see show_gate): the run, and our record of it.
         return [self.store.keys.run(run_id), self.store.run_key(run_id)]
 
-    async def _show_root(self, run_id: str, held: Held) -> None:
+    async def _show_root(self, run_id: str, held: Held) -> str | None:
+        """Show the run on its root message; for a sub-agent's run, show nothing and return
+        its parent's id (the caller shows that one, under its own lock)."""
         h, rec_h = held.read
         if not h:
-            return
+            return None
+        if h.get("parent"):
+            return str(h["parent"])
         run = Run.from_hash(h)
         rec = run_record(rec_h)
         channel = rec.channel or _opt_str(run.origin.get("channel"))
         ts = rec.ts or _opt_str(run.origin.get("thread_ts"))
         if not channel or not ts:
-            return
+            return None
         card = cards.root_message(run.task, run.requested_by, run, self.command)
         d = digest(card)
         if rec.digest == d:
-            return
+            return None
         resp = await self._call(
             "chat_update", channel=channel, ts=ts, text=card.text, blocks=card.blocks
         )
         if resp is not None:
             held.write_at_release(self.store.run_key(run_id), {"digest": d})
+        return None
 
     async def post_in_thread(
         self,
@@ -403,6 +418,7 @@ class Publisher:
             if show_run:
                 await self.show_run(run_id)
             return
+        parent = None
         async with self.store.lock(f"run:{run_id}", read=self._run_reads(run_id)) as held:
             posted = held.read[1]
             for i, text in enumerate(texts):
@@ -420,7 +436,9 @@ class Publisher:
                 # At once, not at the release: a part posted is never posted again.
                 await self.store.mark_posted(run_id, part, str(resp.get("ts", "")))
             if show_run:
-                await self._show_root(run_id, held)
+                parent = await self._show_root(run_id, held)
+        if parent is not None:
+            await self.show_run(parent)
 
     async def tell(
         self,

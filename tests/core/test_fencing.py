@@ -216,7 +216,7 @@ async def test_every_advancing_script_refuses_a_stale_fence(
         await redis.eval(scripts.FINISH_TURN, 2, rk, k.history(run.run_id), old, "0", "1"),
         await redis.eval(
             scripts.FAIL_RUN,
-            9,
+            10,
             rk,
             k.events(k.shard_of(run.run_id)),
             k.finished(k.shard_of(run.run_id)),
@@ -226,6 +226,7 @@ async def test_every_advancing_script_refuses_a_stale_fence(
             rk,
             rk,
             k.jobs(k.shard_of(run.run_id)),
+            turn,
             old,
             "boom",
             "{}",
@@ -233,6 +234,9 @@ async def test_every_advancing_script_refuses_a_stale_fence(
             run.run_id,
             "0",
             "",
+            "0",
+            "not run",
+            "in doubt",
         ),
         await redis.eval(
             scripts.FINISH_JOB, 2, k.jobs(k.shard_of(run.run_id)), rk, "workers", "1-1", old
