@@ -8,32 +8,40 @@ one EXISTS per shard's streams and indexes, pipelined), and ``/healthz`` reports
 :func:`migrate` (``python -m agent_core.migrate_layout``, ``make migrate-layout``) moves every
 key of the old layout to its new name: the tag changes, the rest of the name does not, and
 neither do run ids and gate ids (they encode only the shard), so Slack buttons already posted
-keep working. On one node a key moves with RENAME (atomic). On Redis Cluster the two names
-are in different slots: DUMP, RESTORE (with the key's TTL; REPLACE), then DEL the old name.
-A crash between RESTORE and DEL leaves both names; running it again copies the old one over
-the new once more and deletes it, which is safe because no process writes under the new
-names until the move has finished: a marker key (set before the first key moves, deleted
-after the last) makes ``web`` and ``worker`` refuse to start meanwhile.
+keep working. It never overwrites a key of the new layout. On one node a key moves with
+RENAMENX (atomic; it fails if the new name exists). On Redis Cluster the two names are in
+different slots: DUMP, RESTORE (with the key's TTL; no REPLACE, so it fails if the new name
+exists), then DEL the old name. An old key whose new name exists (a process of the previous
+version ran after the upgrade, or a crash came between a RESTORE and its DEL) is merged into
+it: streams, sets and sorted sets by :mod:`agent_core.layout_merge`, other keys only if both
+hold the same (the old one is then a leftover copy). Any other such key is a conflict: when
+processes of this version have run, every old key is checked before anything changes, and the
+migration refuses, naming each conflicting key. A marker key (set before the first key moves,
+deleted after the last) makes ``web`` and ``worker`` refuse to start meanwhile; running it
+again after a crash finishes, and merges nothing twice.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from . import presence
+from . import layout_merge, presence
 from .exceptions import ConfigError, InvalidState
 from .keys import Keys
+from .layout_merge import Outcome
 from .streams import is_cluster
 
 FIX = "stop every web and worker, run `python -m agent_core.migrate_layout` (`make migrate-layout`)"
 SCAN_COUNT = 1000
 MAX_PASSES = 5  # scans of the whole keyspace at most, while keys written meanwhile turn up
+MAX_LISTED = 20  # conflicting keys named in a refusal
+MERGED = "merged:"  # the merge records' namespace (:func:`merge_record`)
 
 
 def old_keys(keys: Keys) -> Keys:
@@ -98,8 +106,10 @@ async def refuse_old_layout(redis: Redis, keys: Keys) -> None:
 class Migration:
     """What :func:`migrate` moved (or, dry, would move)."""
 
-    moved: Counter[int] = field(default_factory=Counter)  # shard -> keys
+    moved: Counter[int] = field(default_factory=Counter)  # shard -> keys (merged ones too)
+    merged: Counter[int] = field(default_factory=Counter)  # shard -> keys the new layout had
     left: set[str] = field(default_factory=set)  # old-layout keys of shards >= SHARDS
+    conflicts: dict[str, str] = field(default_factory=dict)  # old name -> why it stayed
     seconds: float = 0.0
 
     @property
@@ -108,6 +118,7 @@ class Migration:
 
 
 Checkpoint = Callable[[int], Awaitable[None]]
+Batch = list[tuple[str, str, int]]  # (old name, new name, shard)
 
 
 async def migrate(
@@ -122,9 +133,13 @@ async def migrate(
     """Move every key of ``keys``' deployment from the old layout to the new one.
 
     Refuses (:class:`InvalidState`) while workers are alive under this prefix, or when the
-    old layout's jobs streams are those of another SHARDS, unless ``force``. Idempotent: a second run finds nothing to move. ``checkpoint(moved)`` is
-    awaited after each batch is copied (on Redis Cluster, before the old names are deleted):
-    an exception there stops the migration as a crash would, and running it again finishes.
+    old layout's jobs streams are those of another SHARDS, unless ``force``. Never overwrites
+    a key of the new layout: an old key whose new name exists is merged into it
+    (:mod:`agent_core.layout_merge`), and when one cannot be, it refuses before changing
+    anything, naming every such key. Idempotent: a second run finds nothing to move.
+    ``checkpoint(moved)`` is awaited after each batch is copied or merged, before the old
+    names are deleted: an exception there stops the migration as a crash would, and running
+    it again finishes, merging nothing twice.
     """
     started = time.monotonic()
     if not force:
@@ -141,22 +156,19 @@ async def migrate(
         if other is not None:
             raise InvalidState(other)
     report = Migration()
+    if await _new_layout_in_use(redis, keys):
+        conflicts = await _conflicts(redis, keys, report, batch)
+        if conflicts:
+            raise InvalidState(_refusal(keys, conflicts, moved_others=False))
     marker = marker_key(keys)
     if not dry_run:
         await redis.set(marker, str(time.time()))
     for _ in range(MAX_PASSES):
         found = 0
-        pending: list[tuple[str, str, int]] = []
-        async for name in redis.scan_iter(match=_glob(keys.prefix) + ":*", count=SCAN_COUNT):
-            target = _new_name(keys, name, report)
-            if target is None:
-                continue
-            found += 1
-            pending.append((name, target[0], target[1]))
-            if len(pending) >= batch:
-                await _move(redis, pending, report, dry_run, checkpoint)
-                pending = []
-        await _move(redis, pending, report, dry_run, checkpoint)
+        records: list[str] = []  # merge records seen: stale once no old key is left
+        async for pending in _batches(redis, keys, report, batch, records):
+            found += len(pending)
+            await _move(redis, keys, pending, report, dry_run, checkpoint)
         if not found or dry_run:
             break
     else:
@@ -164,10 +176,87 @@ async def migrate(
             f"keys of the old layout kept appearing after {MAX_PASSES} passes: a process of the "
             f"previous version still writes them; stop it and run this again"
         )
+    if report.conflicts:  # written meanwhile: the marker stays, processes keep refusing
+        raise InvalidState(_refusal(keys, list(report.conflicts.values()), moved_others=True))
     if not dry_run:
+        if records:
+            await _delete(redis, records)
         await redis.delete(marker)
     report.seconds = time.monotonic() - started
     return report
+
+
+def merge_record(keys: Keys, new: str, shard: int) -> str:
+    """Hash beside a new-layout stream (same slot): the old entries merged into it, while the
+    old stream is still there."""
+    return keys.ext("layout", MERGED + new[len(keys.tag(shard)) + 1 :], shard)
+
+
+async def _new_layout_in_use(redis: Redis, keys: Keys) -> bool:
+    """Whether processes of this version ran (their streams and indexes exist), or a
+    migration stopped midway: only then can an old key's new name exist."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for name in (marker_key(keys), *_probes(keys)):
+            pipe.exists(name)
+        return any(await pipe.execute())
+
+
+async def _batches(
+    redis: Redis, keys: Keys, report: Migration, size: int, records: list[str] | None = None
+) -> AsyncIterator[Batch]:
+    """The old layout's keys with their new names, ``size`` at a time (but those already
+    found in conflict); the merge records seen go to ``records``."""
+    pending: Batch = []
+    async for name in redis.scan_iter(match=_glob(keys.prefix) + ":*", count=SCAN_COUNT):
+        target = _new_name(keys, name, report)
+        if target is None:
+            if records is not None and f":ext:layout:{MERGED}" in name:
+                records.append(name)
+            continue
+        if name in report.conflicts:
+            continue
+        pending.append((name, target[0], target[1]))
+        if len(pending) >= size:
+            yield pending
+            pending = []
+    if pending:
+        yield pending
+
+
+async def _conflicts(redis: Redis, keys: Keys, report: Migration, size: int) -> list[str]:
+    """Why each old key whose new name exists cannot be merged into it (reads only)."""
+    found: list[str] = []
+    async for pending in _batches(redis, keys, report, size):
+        async with redis.pipeline(transaction=False) as pipe:
+            for _, new, _ in pending:
+                pipe.exists(new)
+            there = await pipe.execute()
+        for (old, new, _), exists in zip(pending, there, strict=True):
+            why = await layout_merge.conflict(redis, old, new) if exists else None
+            if why is not None:
+                found.append(why)
+    return found
+
+
+def _refusal(keys: Keys, lines: list[str], *, moved_others: bool) -> str:
+    """The error naming every key that could not be merged, one line each."""
+    shown = [f"  {line}" for line in sorted(lines)[:MAX_LISTED]]
+    if len(lines) > MAX_LISTED:
+        shown.append(f"  … and {len(lines) - MAX_LISTED} more")
+    done = (
+        "every other key was moved; these stay under their old names"
+        if moved_others
+        else "nothing was moved"
+    )
+    return "\n".join(
+        [
+            f"{len(lines)} key(s) of KEY_PREFIX={keys.prefix} exist in both layouts with "
+            f"different contents, which cannot be merged; {done}:",
+            *shown,
+            "keep one name of each pair (DEL the other; a key that expires soon can be waited "
+            "for), then run this again",
+        ]
+    )
 
 
 async def _other_shards(redis: Redis, keys: Keys) -> str | None:
@@ -215,56 +304,103 @@ def _new_name(keys: Keys, name: str, report: Migration) -> tuple[str, int] | Non
 
 async def _move(
     redis: Redis,
-    pending: list[tuple[str, str, int]],
+    keys: Keys,
+    pending: Batch,
     report: Migration,
     dry_run: bool,
     checkpoint: Checkpoint | None,
 ) -> None:
-    if not pending:
-        return
+    """Move a batch: a key whose new name is free is renamed (copied on Redis Cluster),
+    never over another; one whose new name exists is merged into it."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for _, new, _ in pending:
+            pipe.exists(new)
+        there = await pipe.execute()
+    taken = [item for item, exists in zip(pending, there, strict=True) if exists]
+    free = [item for item, exists in zip(pending, there, strict=True) if not exists]
     if dry_run:
         report.moved.update(shard for _, _, shard in pending)
+        report.merged.update(shard for _, _, shard in taken)
         return
+    copied: Batch = []
     if is_cluster(redis):
-        moved = await _copy(redis, pending)
+        copied, busy = await _copy(redis, free)
+        moved = copied
     else:
-        async with redis.pipeline(transaction=False) as pipe:
-            for old, new, _ in pending:
-                pipe.rename(old, new)
-            replies = await pipe.execute(raise_on_error=False)
-        moved = []
-        for item, reply in zip(pending, replies, strict=True):
-            if isinstance(reply, ResponseError) and "no such key" not in str(reply).lower():
-                raise reply
-            if not isinstance(reply, Exception):
-                moved.append(item)
-    report.moved.update(shard for _, _, shard in moved)
+        moved, busy = await _rename(redis, free)
+    merged: Batch = []
+    for old, new, shard in taken + busy:
+        outcome, why = await layout_merge.merge(redis, old, new, merge_record(keys, new, shard))
+        if outcome is Outcome.CONFLICT:
+            report.conflicts[old] = why
+        elif outcome is Outcome.MERGED:
+            merged.append((old, new, shard))
+        # GONE: nothing left to do; MOVE: the new name vanished, the next pass moves it.
+    report.moved.update(shard for _, _, shard in moved + merged)
+    report.merged.update(shard for _, _, shard in merged)
     if checkpoint is not None:
         await checkpoint(report.total)
-    if is_cluster(redis) and moved:
+    await _delete(redis, [old for old, _, _ in copied + merged])
+    # After the old names: a record outlives its old stream, never the reverse.
+    await _delete(redis, [merge_record(keys, new, shard) for _, new, shard in merged])
+
+
+async def _delete(redis: Redis, names: list[str]) -> None:
+    if names:
         async with redis.pipeline(transaction=False) as pipe:
-            for old, _, _ in moved:
-                pipe.delete(old)
+            for name in names:
+                pipe.delete(name)
             await pipe.execute()
 
 
-async def _copy(redis: Redis, pending: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
-    """DUMP and RESTORE (TTL kept, REPLACE) each old key under its new name; the ones
-    copied (a key gone meanwhile is not)."""
+async def _rename(redis: Redis, pending: Batch) -> tuple[Batch, Batch]:
+    """RENAMENX each old key (one node): the ones renamed, and the ones whose new name
+    exists (created meanwhile). A key gone meanwhile is in neither."""
+    if not pending:
+        return [], []
+    async with redis.pipeline(transaction=False) as pipe:
+        for old, new, _ in pending:
+            pipe.renamenx(old, new)
+        replies = await pipe.execute(raise_on_error=False)
+    renamed, busy = [], []
+    for item, reply in zip(pending, replies, strict=True):
+        if isinstance(reply, ResponseError):
+            if "no such key" not in str(reply).lower():
+                raise reply
+        elif reply:
+            renamed.append(item)
+        else:
+            busy.append(item)
+    return renamed, busy
+
+
+async def _copy(redis: Redis, pending: Batch) -> tuple[Batch, Batch]:
+    """DUMP and RESTORE (TTL kept, never REPLACE) each old key under its new name: the ones
+    copied, and the ones whose new name exists (created meanwhile). A key gone meanwhile is
+    in neither."""
+    if not pending:
+        return [], []
     async with redis.pipeline(transaction=False) as pipe:
         for old, _, _ in pending:
             pipe.pttl(old)
             pipe.dump(old)
         replies = await pipe.execute()
-    copied = []
+    tried = []
     async with redis.pipeline(transaction=False) as pipe:
         for i, item in enumerate(pending):
             ttl, data = replies[2 * i], replies[2 * i + 1]
             if data is None or ttl == -2:
                 continue
             # PTTL -1: no TTL (RESTORE's 0); 0: due now, kept for 1 ms rather than forever.
-            pipe.restore(item[1], 0 if ttl == -1 else max(int(ttl), 1), data, replace=True)
+            pipe.restore(item[1], 0 if ttl == -1 else max(int(ttl), 1), data)
+            tried.append(item)
+        restored = await pipe.execute(raise_on_error=False) if tried else []
+    copied, busy = [], []
+    for item, reply in zip(tried, restored, strict=True):
+        if isinstance(reply, ResponseError):
+            if "busykey" not in str(reply).lower():
+                raise reply
+            busy.append(item)
+        else:
             copied.append(item)
-        if copied:
-            await pipe.execute()
-    return copied
+    return copied, busy

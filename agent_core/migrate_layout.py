@@ -2,9 +2,10 @@
 
 Reads REDIS_URL, KEY_PREFIX, SHARDS and REDIS_CLUSTER as ``web`` and ``worker`` do. Stop every
 web and worker first: it refuses while workers are alive, and when the keys look like those of
-another SHARDS (``--force`` goes on anyway). It
-prints what it moved, shard by shard; run it again after a crash and it finishes; once done,
-running it again moves nothing. ``--dry-run`` only counts. How it moves keys:
+another SHARDS (``--force`` goes on anyway). It never overwrites a key of the new layout: it
+merges into it, or refuses (exit 1) naming each key it cannot merge. It prints what it moved,
+shard by shard; run it again after a crash and it finishes; once done, running it again moves
+nothing. ``--dry-run`` only counts (and refuses the same way). How it moves keys:
 :mod:`agent_core.layout`.
 """
 
@@ -50,8 +51,10 @@ async def run(settings: Settings, *, force: bool = False, dry_run: bool = False)
         )
         verb = "would move" if dry_run else "moved"
         for shard in sorted(report.moved):
+            merged = report.merged[shard]
             print(
                 f"shard {shard}: {old.tag(shard)} -> {keys.tag(shard)}: {report.moved[shard]:,} keys"
+                + (f" ({merged:,} merged into keys the new layout had)" if merged else "")
             )
         if report.left:
             sample = ", ".join(sorted(report.left)[:3])

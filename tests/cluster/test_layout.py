@@ -1,6 +1,7 @@
 """The key-layout migration on Redis Cluster: old and new names of a key are in different
 slots (often on different masters), so keys move by DUMP + RESTORE (TTL kept) + DEL; a crash
-between the RESTORE and the DEL leaves both names, and running it again finishes."""
+between the RESTORE and the DEL leaves both names, and running it again finishes. A RESTORE
+never replaces a key of the new layout: an old key written beside live runs is merged in."""
 
 from __future__ import annotations
 
@@ -16,7 +17,13 @@ from agent_core.worker import Worker
 from tests import redis_cluster
 from tests.agents import ops
 from tests.cluster.test_cluster import InProcess, client, journal, settings
-from tests.old_layout import approve_and_finish, paused_old_deployment
+from tests.old_layout import (
+    approve_and_finish,
+    assert_live_state_kept,
+    finish_live_state,
+    live_state_and_old_writes,
+    paused_old_deployment,
+)
 from tests.redis_cluster import ClusterServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -83,5 +90,39 @@ async def test_an_old_layout_deployment_is_migrated_on_the_cluster(
     node = InProcess(client, s)
     try:
         await approve_and_finish(node.gateway, old, journal)
+    finally:
+        await node.close()
+
+
+async def test_old_keys_written_after_the_upgrade_are_merged_on_the_cluster(
+    client: Redis,
+    clean_cluster: ClusterServer,
+    fake_openai: FakeOpenAI,
+    journal: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As on one node (tests/core/test_layout.py): an old worker ran for a moment after the
+    upgrade. A RESTORE never replaces a key of the new layout: the old key is merged into
+    it; a crash after the copies and merges leaves both names, and running it again merges
+    nothing twice."""
+    s = settings(clean_cluster.url, fake_openai, APPROVAL_TIMEOUT=30)
+    live = await live_state_and_old_writes(client, ops, s, fake_openai, monkeypatch)
+    keys = live.keys
+
+    async def crash(moved: int) -> None:
+        raise Crash
+
+    with pytest.raises(Crash):
+        await layout.migrate(client, keys, force=True, checkpoint=crash)
+    report = await layout.migrate(client, keys, force=True)
+    assert report.merged[live.shard] >= 4, report  # jobs, events, active runs, deadlines…
+    assert (await layout.migrate(client, keys, force=True)).total == 0
+    assert await layout.old_layout_problem(client, keys) is None
+    assert not await names(client, "c:*:ext:layout"), "no merge record left"
+    await assert_live_state_kept(client, live)
+
+    node = InProcess(client, s)
+    try:
+        await finish_live_state(node.gateway, live, journal)
     finally:
         await node.close()
