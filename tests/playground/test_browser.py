@@ -111,6 +111,9 @@ async def test_deny_with_a_reason(page: Page, playground: PlaygroundProcess) -> 
     # The model was told the reason: the scripted model quotes it verbatim in its answer.
     answer = page.locator("#thread-replies .msg", has_text="Answer")
     await expect(answer).to_contain_text("not during the change freeze", timeout=SLOW)
+    # Who denied it, by name as everywhere on the page: not a raw "<@U0PGAVERY>".
+    await expect(answer).to_contain_text("the request was denied by @Avery")
+    await expect(answer).not_to_contain_text(people.APPROVER.id)
     await expect(gate).not_to_contain_text("user 43 deleted")
 
 
