@@ -312,7 +312,7 @@ class BotServer:
         gateway: GatewayLike,
         client: AsyncWebClient | None = None,
         *,
-        host: str = "0.0.0.0",
+        host: str | None = None,
         port: int | None = None,
         notifier_consumer: str | None = None,
         notifier_block_ms: int = 1000,
@@ -338,7 +338,7 @@ class BotServer:
             block_ms=notifier_block_ms,
             concurrency=settings.notifier_concurrency,
         )
-        self.host = host
+        self.host = settings.web_host if host is None else host
         self.port = settings.port if port is None else port
         self.run_notifier = run_notifier
         self.workers_grace = workers_grace
@@ -535,7 +535,11 @@ async def serve(settings: BotSettings, core: Settings) -> None:
         await redis.aclose()
         raise
     await server.start()
-    mode = "Socket Mode" if settings.socket_mode else f"HTTP on :{server.port}{EVENTS_PATH}"
+    mode = (
+        "Socket Mode"
+        if settings.socket_mode
+        else f"HTTP on {server.host}:{server.port}{EVENTS_PATH}"
+    )
     log.info(
         "web ready (%s, command %s, %s %s, %s)",
         mode,

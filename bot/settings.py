@@ -6,6 +6,7 @@ Core settings (REDIS_URL, OPENAI_*, AGENT, APPROVAL_TIMEOUT, …) belong to
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from typing import Any
 
@@ -38,6 +39,7 @@ HELP: dict[str, str] = {
     ),
     "SLASH_COMMAND": "the slash command of your Slack app's manifest",
     "PORT": "the HTTP port of the web process",
+    "WEB_HOST": "the address the web process listens on: an IP address, e.g. 127.0.0.1",
     "SLACK_MAX_RETRIES": "the retries of a rate-limited Web API call, 0 to 10",
     "NOTIFIER_CONCURRENCY": "the Slack threads the notifier updates side by side, 1 to 64",
 }
@@ -71,6 +73,8 @@ class BotSettings(BaseSettings):
     allow_external_approvers: bool = False
     slash_command: str = "/agent"
     port: int = Field(default=3000, ge=1, le=65535)
+    # Where /slack/events, /healthz and /metrics listen (the playground sets 127.0.0.1).
+    web_host: str = Field(default="0.0.0.0", min_length=1)
     slack_max_retries: int = Field(default=3, ge=0, le=10)
     notifier_concurrency: int = Field(default=1, ge=1, le=64)
 
@@ -110,6 +114,16 @@ class BotSettings(BaseSettings):
             raise ValueError("must be an http(s) URL")
         # slack_sdk joins method names with urljoin: without the slash the last segment is lost.
         return v if v.endswith("/") else v + "/"
+
+    @field_validator("web_host")
+    @classmethod
+    def _web_host(cls, v: str) -> str:
+        v = v.strip()
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError("must be an IP address (0.0.0.0: every interface)") from None
+        return v
 
     @field_validator("approvers")
     @classmethod

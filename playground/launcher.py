@@ -7,9 +7,13 @@ OPENAI_API_KEY or OPENAI_BASE_URL for a real one, else the scripted model
 (PLAYGROUND_MODEL=module:function for your own script).
 
 The bot and the worker run unchanged, as subprocesses: only their settings differ
-(SLACK_API_URL, a bot token and a signing secret made up for this session). Their output is
-forwarded with a prefix, like honcho's. Ctrl-C (or SIGTERM) stops all three; so does either
-subprocess exiting.
+(SLACK_API_URL, a bot token and a signing secret made up for this session, 127.0.0.1 to
+listen on, and the playground's own key prefix). Their output is forwarded with a prefix,
+like honcho's. Ctrl-C (or SIGTERM) stops all three; so does either subprocess exiting.
+
+The playground never joins a deployment sharing its Redis: it keeps everything under its own
+key prefix (``playground``; PLAYGROUND_KEY_PREFIX, never KEY_PREFIX, changes it), and it
+refuses to start while workers it did not start are alive under that prefix.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import secrets
 import signal
 import sys
@@ -27,9 +32,12 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+from redis.asyncio import Redis
 
+from agent_core import presence
 from agent_core.connections import connect_redis, redacted
 from agent_core.exceptions import ConfigError
+from agent_core.keys import Keys
 
 from . import people
 from .outbound import Sender
@@ -46,6 +54,9 @@ EXAMPLES = [
     "/agent delete users 42 and 43",
     "/agent status",
 ]
+KEY_PREFIX = "playground"  # the playground's own; a deployment's KEY_PREFIX is never used
+DEPLOYMENT_PREFIX = "agw"  # KEY_PREFIX when unset (agent_core.settings)
+LOOPBACK = "127.0.0.1"  # where everything the playground starts listens
 
 
 @dataclass(frozen=True)
@@ -57,7 +68,7 @@ class LaunchSettings:
     command: str
     real_model: bool
     model_spec: str | None
-    key_prefix: str = "agw"
+    key_prefix: str = KEY_PREFIX
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> LaunchSettings:
@@ -79,6 +90,15 @@ class LaunchSettings:
         pg_port, web_port = port("PLAYGROUND_PORT", 3100), port("PORT", 3000)
         if pg_port == web_port:
             problems.append("PLAYGROUND_PORT is invalid: it must differ from PORT (the bot's)")
+        prefix = env.get("PLAYGROUND_KEY_PREFIX") or KEY_PREFIX
+        deployment = env.get("KEY_PREFIX") or DEPLOYMENT_PREFIX
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
+            problems.append("PLAYGROUND_KEY_PREFIX is invalid: letters, digits, _ . - only")
+        elif prefix == deployment:
+            problems.append(
+                f"PLAYGROUND_KEY_PREFIX is invalid: it is the deployment's KEY_PREFIX "
+                f"({deployment}); the playground needs a prefix of its own"
+            )
         if problems:
             raise ConfigError("\n".join(problems))
         return cls(
@@ -89,7 +109,7 @@ class LaunchSettings:
             command=env.get("SLASH_COMMAND") or "/agent",
             real_model=bool(env.get("OPENAI_API_KEY") or env.get("OPENAI_BASE_URL")),
             model_spec=env.get("PLAYGROUND_MODEL") or None,
-            key_prefix=env.get("KEY_PREFIX") or "agw",
+            key_prefix=prefix,
         )
 
 
@@ -125,6 +145,12 @@ async def launch(settings: LaunchSettings) -> int:
             f"REDIS_URL: cannot reach Redis at {redacted(settings.redis_url)} "
             f"({type(exc).__name__})"
         ) from None
+
+    try:
+        await refuse_foreign_workers(redis, Keys(settings.key_prefix))
+    except BaseException:
+        await redis.aclose()
+        raise
 
     env = dict(os.environ)
     model = None
@@ -162,7 +188,7 @@ async def launch(settings: LaunchSettings) -> int:
     runner = web.AppRunner(pg.app(), access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        await web.TCPSite(runner, "127.0.0.1", settings.port).start()
+        await web.TCPSite(runner, LOOPBACK, settings.port).start()
     except OSError as exc:
         await runner.cleanup()
         await redis.aclose()
@@ -171,7 +197,7 @@ async def launch(settings: LaunchSettings) -> int:
         raise ConfigError(
             f"PLAYGROUND_PORT {settings.port} is not free ({exc.strerror}); set PLAYGROUND_PORT"
         ) from None
-    base = f"http://127.0.0.1:{settings.port}"
+    base = f"http://{LOOPBACK}:{settings.port}"
     pg.response_base = base
 
     env.update(
@@ -180,6 +206,9 @@ async def launch(settings: LaunchSettings) -> int:
         SLACK_API_URL=base + "/api/",
         APPROVERS=settings.approvers,
         PORT=str(settings.web_port),
+        WEB_HOST=LOOPBACK,  # /slack/events, /healthz and /metrics: not on the network
+        METRICS_HOST=LOOPBACK,  # the worker's /metrics, if METRICS_PORT asks for one
+        KEY_PREFIX=settings.key_prefix,  # never the deployment's
         SLASH_COMMAND=settings.command,
         PYTHONUNBUFFERED="1",
     )
@@ -224,6 +253,23 @@ async def launch(settings: LaunchSettings) -> int:
     if model is not None:
         model.stop()
     return code
+
+
+async def refuse_foreign_workers(redis: Redis, keys: Keys) -> None:
+    """A :class:`ConfigError` when workers are alive under the playground's prefix: the
+    playground has not started its own yet, so they belong to another playground or to a
+    deployment, and sharing their streams would hand runs from one to the other."""
+    alive = await presence.live_workers(redis, keys)
+    if not alive:
+        return
+    names = ", ".join(w.name for w in alive[:3]) + (", …" if len(alive) > 3 else "")
+    lapse = round(max(w.every for w in alive) * presence.STALE_AFTER)
+    raise ConfigError(
+        f"{len(alive)} worker(s) that this playground did not start are alive under its key "
+        f"prefix {keys.prefix} in this Redis ({names}): stop that playground or deployment, "
+        "or set PLAYGROUND_KEY_PREFIX (or REDIS_URL) to keep this one apart (a worker "
+        f"killed without stopping stays listed for up to {lapse} s)"
+    )
 
 
 async def _wait_healthy(port: int, web_proc: asyncio.subprocess.Process) -> bool:

@@ -33,6 +33,8 @@ from typing import Any, cast
 from agent_core.exceptions import ConfigError
 from agent_core.testing import FakeOpenAI, Responder, Step, calls, reply
 
+from . import people
+
 Message = dict[str, Any]
 
 API_KEY = "sk-playground-scripted-model"
@@ -192,8 +194,10 @@ def _target(name: str, args: Mapping[str, Any]) -> tuple[str, str, str]:
 
 
 def _mention(who: str) -> str:
-    """A Slack user id as a mention (``<@U…>``: Slack shows the person's name), else as is."""
-    return f"<@{who}>" if re.fullmatch(r"[UW][A-Z0-9]{2,}", who) else who
+    """A playground person's user id as their name (``@Avery``), else as is. Not ``<@U…>``:
+    the bot escapes what the model writes, so a mention would show as its raw id."""
+    found = people.person(who)
+    return f"@{found.name}" if found is not None else who
 
 
 def report_line(name: str, args: Mapping[str, Any], content: str) -> str:

@@ -1,11 +1,11 @@
 """The playground's HTTP server: the Slack Web API, response URLs, the page and its UI API.
 
-Routes (127.0.0.1 only):
+Routes (127.0.0.1 only; who may call them: :mod:`playground.guard`):
 
 - ``/api/{method}``: the Web API the bot calls (:class:`playground.slack_api.WebApi`);
 - ``POST /respond/{token}``: the ``response_url`` of a slash command or a click;
-- ``GET /``, ``/static/…``: the page;
-- the page's UI API, JSON: ``GET /ui/state``, ``GET /ui/history?as=U&limit=&before=``,
+- ``GET /``, ``/static/…``: the page (its HTML carries the session token);
+- the page's UI API, JSON, with the session token: ``GET /ui/state``, ``GET /ui/history?as=U&limit=&before=``,
   ``GET /ui/thread?as=U&ts=``, ``POST /ui/send`` ``{as, text, thread_ts?}``, ``POST /ui/action``
   ``{as, container, action}``, ``POST /ui/view/submit`` ``{as, view_id, values}``,
   ``POST /ui/view/close`` ``{as, view_id}``, and ``GET /ui/stream?as=U``: Server-Sent Events
@@ -30,7 +30,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import people
+from . import guard, people
 from .hub import Hub
 from .outbound import Answer, Sender, new_trigger_id
 from .slack_api import WebApi, bot_message, with_block_ids
@@ -40,6 +40,7 @@ from .wire import MAX_MESSAGE_BLOCKS, bearer, blocks_detail, read_args, truthy
 log = logging.getLogger(__name__)
 
 STATIC = Path(__file__).parent / "static"
+TOKEN_SLOT = "{{PLAYGROUND_TOKEN}}"  # in index.html: replaced with the session token
 PING_SECONDS = 15.0
 HISTORY_PAGE = 50
 
@@ -71,10 +72,18 @@ class Playground:
         self.sender = sender
         self.info = info
         self.response_base = ""  # http://127.0.0.1:PORT, set once listening
+        # What the page sends back on every UI call (guard.TOKEN_HEADER): only the page's
+        # own HTML carries it, so another web page cannot drive the playground.
+        self.session_token = guard.new_token()
+        self._page = (
+            (STATIC / "index.html").read_text().replace(TOKEN_SLOT, html.escape(self.session_token))
+        )
 
     # ------------------------------------------------------------------ the app
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=2 * 1024 * 1024)
+        app = web.Application(
+            client_max_size=2 * 1024 * 1024, middlewares=[guard.middleware(self.session_token)]
+        )
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_post("/respond/{token}", self._respond)
         app.router.add_get("/", self._index)
@@ -158,8 +167,12 @@ class Playground:
         return f"{self.response_base}/respond/{token}"
 
     # ------------------------------------------------------------------ page
-    async def _index(self, request: web.Request) -> web.FileResponse:
-        return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+    async def _index(self, request: web.Request) -> web.Response:
+        return web.Response(
+            text=self._page,
+            content_type="text/html",
+            headers={"Cache-Control": "no-store"},
+        )
 
     async def _state(self, request: web.Request) -> web.Response:
         return web.json_response(

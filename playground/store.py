@@ -1,6 +1,6 @@
 """The playground's workspace state in Redis: messages, threads, ephemeral messages, modals.
 
-Everything lives under one key prefix (``playground:`` by default) in the gateway's Redis,
+Everything lives under one key prefix (``{playground:playground}`` from the launcher) in Redis,
 so a restart of ``make run`` shows the same conversation. Messages are JSON in one hash,
 keyed ``channel:ts``; sorted sets (score = the ts) index a channel's top-level messages, each
 thread's replies, and the ephemeral messages each person was shown.

@@ -22,16 +22,28 @@ const S = {
 };
 
 // ----------------------------------------------------------------------------- HTTP
+// The session token the server wrote into this page: sent back on every UI call (and as
+// ?token= on the event stream), so that no other web page can drive the playground.
+const TOKEN = document.querySelector('meta[name="playground-token"]')?.content ?? "";
+let refused = false; // the server refused our token (it restarted): the page must be reloaded
+
 async function api(path, body) {
+  const headers = { "X-Playground-Token": TOKEN };
   const opts = body === undefined
-    ? { cache: "no-store" }
-    : { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
+    ? { cache: "no-store", headers }
+    : { method: "POST", headers: { ...headers, "Content-Type": "application/json" }, body: JSON.stringify(body) };
   const res = await fetch(path, opts);
   let data = null;
   try {
     data = await res.json();
   } catch {
     data = null;
+  }
+  if (res.status === 403) {
+    const why = (data && data.error) || "forbidden";
+    if (!refused) notice("error", `The playground refused this page (${why}).`);
+    refused = true;
+    throw new Error(why);
   }
   if (!res.ok && !(data && data.error)) throw new Error(`HTTP ${res.status}`);
   return data ?? {};
@@ -490,7 +502,7 @@ function onEvent(type, raw) {
 
 function connect() {
   if (S.es) S.es.close();
-  const es = new EventSource(`/ui/stream?as=${enc(S.as)}`);
+  const es = new EventSource(`/ui/stream?as=${enc(S.as)}&token=${enc(TOKEN)}`);
   S.es = es;
   let opened = false;
   for (const type of ["message", "delete", "view", "view_closed", "notice"]) {
@@ -506,7 +518,7 @@ function connect() {
   es.onerror = () => {
     if (S.es !== es) return;
     setConn(false);
-    if (es.readyState === EventSource.CLOSED) setTimeout(() => S.es === es && connect(), 2000);
+    if (es.readyState === EventSource.CLOSED && !refused) setTimeout(() => S.es === es && connect(), 2000);
   };
   // Show the history even if the stream is slow to open.
   setTimeout(() => {
@@ -660,6 +672,7 @@ async function start() {
   try {
     st = await api("/ui/state");
   } catch (err) {
+    if (refused) return; // retrying cannot help: the notice says to reload
     notice("error", `Could not reach the playground server (${err.message}); retrying…`);
     setTimeout(start, 3000);
     return;

@@ -51,6 +51,13 @@ def test_defaults() -> None:
     assert "SUPERSECRET" not in repr(s) and "SUPERSECRET" not in str(s.model_dump())
 
 
+def test_web_host() -> None:
+    # Every interface by default (Slack must reach /slack/events); the playground says 127.0.0.1.
+    assert load_settings(**base()).web_host == "0.0.0.0"
+    assert load_settings(**base(WEB_HOST="127.0.0.1")).web_host == "127.0.0.1"
+    assert load_settings(**base(WEB_HOST="::1")).web_host == "::1"
+
+
 def test_api_url_gets_its_trailing_slash() -> None:
     assert (
         load_settings(**base(SLACK_API_URL="http://127.0.0.1:9/api")).slack_api_url
@@ -75,6 +82,7 @@ def test_api_url_gets_its_trailing_slash() -> None:
         (base(ALLOW_SELF_APPROVAL="maybe"), "ALLOW_SELF_APPROVAL is invalid"),
         (base(ALLOW_EXTERNAL_APPROVERS="maybe"), "ALLOW_EXTERNAL_APPROVERS is invalid"),
         (base(SLASH_COMMAND="agent"), "SLASH_COMMAND is invalid"),
+        (base(WEB_HOST="my laptop"), "WEB_HOST is invalid: must be an IP address"),
     ],
 )
 def test_bad_settings_name_the_variable(values: dict[str, str], expected: str) -> None:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 READY = re.compile(r"open (http://127\.0\.0\.1:\d+) in your browser")
+TOKEN_META = re.compile(r'<meta name="playground-token" content="([^"]+)">')
 
 
 @dataclass
@@ -46,6 +48,15 @@ class PlaygroundProcess:
     url: str
     log: Path
     prefix: str
+    web_port: int = 0  # the bot's PORT
+
+    def session_token(self) -> str:
+        """The session token, read from the page as the browser does."""
+        with urllib.request.urlopen(self.url + "/", timeout=5) as resp:
+            page = resp.read().decode()
+        found = TOKEN_META.search(page)
+        assert found is not None, "the page carries no session token"
+        return found.group(1)
 
     def log_tail(self, n: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
@@ -62,21 +73,28 @@ class PlaygroundProcess:
                 self.proc.wait(5)
 
 
-def start_playground(
-    redis_url: str, log_dir: Path, prefix: str | None = None, **extra: str
-) -> PlaygroundProcess:
-    prefix = prefix or "pg" + uuid.uuid4().hex[:8]
-    port, web_port = free_port(), free_port()
-    env = {
+def playground_env(redis_url: str, port: int, web_port: int, **extra: str) -> dict[str, str]:
+    """The environment of ``python -m playground`` (nothing inherited but PATH and HOME)."""
+    return {
         "PATH": os.environ.get("PATH", ""),
         "HOME": os.environ.get("HOME", "/tmp"),
         "PYTHONPATH": str(ROOT),
         "REDIS_URL": redis_url,
-        "KEY_PREFIX": prefix,
         "PLAYGROUND_PORT": str(port),
         "PORT": str(web_port),
         **extra,
     }
+
+
+def start_playground(
+    redis_url: str, log_dir: Path, prefix: str | None = None, **extra: str
+) -> PlaygroundProcess:
+    """``python -m playground``, started and ready. ``prefix``: its PLAYGROUND_KEY_PREFIX (a
+    new one when None, so that playgrounds can share the Redis; "" leaves it unset)."""
+    prefix = "pg" + uuid.uuid4().hex[:8] if prefix is None else prefix
+    port, web_port = free_port(), free_port()
+    own = {"PLAYGROUND_KEY_PREFIX": prefix} if prefix else {}
+    env = playground_env(redis_url, port, web_port, **own, **extra)
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"playground-{prefix}-{port}.log"
     with log.open("wb") as out:
@@ -88,7 +106,7 @@ def start_playground(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: web and worker are in it too
         )
-    pg = PlaygroundProcess(proc, "", log, prefix)
+    pg = PlaygroundProcess(proc, "", log, prefix, web_port)
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline:
         if (m := READY.search(log.read_text(errors="replace"))) is not None:

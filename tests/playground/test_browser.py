@@ -8,13 +8,17 @@ model answering for the example agent. Screenshots are kept in var/artifacts/pla
 from __future__ import annotations
 
 import asyncio
+import html
+import json
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import test_utils, web
 from playwright.async_api import Locator, Page, expect
 
 from playground import people
+from playground.guard import TOKEN_HEADER
 from playground.people import Person
 from tests.playground.conftest import ARTIFACTS, PlaygroundProcess, shot, start_playground
 from tests.redis_server import RedisServer
@@ -107,6 +111,9 @@ async def test_deny_with_a_reason(page: Page, playground: PlaygroundProcess) -> 
     # The model was told the reason: the scripted model quotes it verbatim in its answer.
     answer = page.locator("#thread-replies .msg", has_text="Answer")
     await expect(answer).to_contain_text("not during the change freeze", timeout=SLOW)
+    # Who denied it, by name as everywhere on the page: not a raw "<@U0PGAVERY>".
+    await expect(answer).to_contain_text("the request was denied by @Avery")
+    await expect(answer).not_to_contain_text(people.APPROVER.id)
     await expect(gate).not_to_contain_text("user 43 deleted")
 
 
@@ -219,7 +226,9 @@ async def test_a_thousand_messages_and_a_restart(
 ) -> None:
     pg = start_playground(redis_server.url, tmp_path)
     try:
-        async with aiohttp.ClientSession() as http:
+        # A script on this machine: it needs the session token, as the page does.
+        token = {TOKEN_HEADER: pg.session_token()}
+        async with aiohttp.ClientSession(headers=token) as http:
             sem = asyncio.Semaphore(16)
 
             async def post(i: int) -> None:
@@ -253,3 +262,45 @@ async def test_a_thousand_messages_and_a_restart(
         await expect(page.locator("#messages .msg").last).to_contain_text("message number 999")
     finally:
         pg.stop()
+
+
+async def test_another_web_page_cannot_start_a_run(
+    page: Page, playground: PlaygroundProcess
+) -> None:
+    """A page of another origin posts ``/agent delete user 4242`` the two ways that need no
+    CORS preflight: a ``no-cors`` fetch with a text/plain body, then a text/plain form (its
+    field name and value spell the JSON). Both are refused; no run starts."""
+    task = "delete user 4242"
+    body = json.dumps({"as": people.REQUESTER.id, "text": f"/agent {task}", "pad": ""})
+    field, value = body[:-2], '"}'  # the form sends "<name>=<value>": the JSON above
+    send_url = f"{playground.url}/ui/send"
+    evil = f"""<!doctype html><title>cute cats</title>
+<form id="f" method="post" action="{send_url}" enctype="text/plain">
+<input type="hidden" name='{html.escape(field)}' value='{html.escape(value)}'></form>
+<script>
+fetch({json.dumps(send_url)}, {{method: "POST", mode: "no-cors",
+  headers: {{"Content-Type": "text/plain"}}, body: {json.dumps(body)}}})
+  .catch(() => null).finally(() => document.getElementById("f").submit());
+</script>"""
+
+    async def cats(request: web.Request) -> web.Response:
+        return web.Response(text=evil, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", cats)
+    server = test_utils.TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        await page.goto(f"http://127.0.0.1:{server.port}/")
+        # The form's answer, shown in place of the cats: refused before the bot heard of it.
+        await page.wait_for_url(send_url, timeout=SLOW)
+        await expect(page.locator("body")).to_contain_text("forbidden")
+        await shot(page, "foreign-page-refused")
+    finally:
+        await server.close()
+    # The playground's own page still works (with its token), and shows no such task.
+    await open_as(page, playground, people.REQUESTER)
+    thread = await start_task(page, "look up user 43 after the cats")
+    answer = thread.locator("#thread-replies .msg", has_text="Answer")
+    await expect(answer).to_contain_text("User 43:", timeout=SLOW)
+    await expect(page.locator("#messages .msg", has_text=task)).to_have_count(0)

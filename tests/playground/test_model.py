@@ -218,6 +218,24 @@ def test_each_outcome_the_runner_reports_is_told_plainly(text: str, expected: st
     assert expected in report_line("delete_user", {"user_id": "42"}, text)
 
 
+def test_people_are_named_not_mentioned() -> None:
+    # The bot escapes what the model writes, so "<@U0PGAVERY>" would show as that raw id:
+    # the scripted model writes the name the page shows everywhere else.
+    denied = report_line(
+        "delete_user", {"user_id": "42"}, messages.denied("delete_user", "U0PGAVERY", "no")
+    )
+    assert denied == "I did not delete user 42: the request was denied by @Avery (reason: no)."
+    cancelled = report_line(
+        "delete_user", {"user_id": "42"}, messages.cancelled("delete_user", "U0PGRILEY")
+    )
+    assert cancelled.startswith("The run was cancelled by @Riley before delete_user")
+    # Someone the playground does not know keeps their id, never a mention.
+    unknown = report_line(
+        "delete_user", {"user_id": "42"}, messages.denied("delete_user", "U0OTHER", None)
+    )
+    assert "denied by U0OTHER, who gave no reason" in unknown and "<@" not in unknown
+
+
 def test_unknown_tool_and_a_tool_not_offered() -> None:
     line = report_line("nuke", {}, messages.unknown_tool("nuke", ["get_user"]))
     assert line == "I called nuke, but this agent has no tool by that name, so nothing ran."

@@ -35,6 +35,7 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 
 from playground import people
 from playground import store as store_module
+from playground.guard import TOKEN_HEADER
 from playground.outbound import ACK_TIMEOUT, Sender
 from playground.server import PageInfo, Playground, bot_events
 from playground.store import Store
@@ -237,13 +238,20 @@ class Env:
             data: dict[str, Any] = await r.json()
             return data
 
+    @property
+    def token(self) -> dict[str, str]:
+        """The header the page sends its session token in."""
+        return {TOKEN_HEADER: self.pg.session_token}
+
     async def get(self, path: str, **params: str) -> tuple[int, Any]:
-        async with self.http.get(self.url + path, params=params) as r:
+        async with self.http.get(self.url + path, params=params, headers=self.token) as r:
             return r.status, await r.json()
 
     async def post(self, path: str, body: Any) -> tuple[int, Any]:
         kwargs: dict[str, Any] = (
-            {"data": body} if isinstance(body, (str, bytes)) else {"json": body}
+            {"data": body, "headers": {**self.token, "Content-Type": "application/json"}}
+            if isinstance(body, (str, bytes))
+            else {"json": body, "headers": self.token}
         )
         async with self.http.post(self.url + path, **kwargs) as r:
             return r.status, await r.json()
@@ -295,7 +303,10 @@ class Env:
 
     @contextlib.asynccontextmanager
     async def stream(self, who: str) -> AsyncIterator[Stream]:
-        async with self.http.get(f"{self.url}/ui/stream", params={"as": who}) as resp:
+        params = {"as": who}
+        async with self.http.get(
+            f"{self.url}/ui/stream", params=params, headers=self.token
+        ) as resp:
             assert resp.status == 200
             assert resp.headers["Content-Type"].startswith("text/event-stream")
             # The first line is written once the tab is subscribed: from then on, it gets all.
@@ -1223,7 +1234,7 @@ async def test_view_close(env: Env, notify: bool) -> None:
 )
 async def test_bad_ui_requests(env: Env, method: str, path: str, body: Any, error: str) -> None:
     if method == "GET":
-        async with env.http.get(env.url + path) as r:
+        async with env.http.get(env.url + path, headers=env.token) as r:
             status, data = r.status, await r.json()
     else:
         status, data = await env.post(path, body)
