@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import re
+import secrets
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 
 MAX_TASK_CHARS = 20_000
 MAX_REASON_CHARS = 2_000
+# How long an idempotency key (start_run) or a dedupe key (continue_run) is remembered.
+IDEMPOTENCY_TTL_SECONDS = 86_400
 _GATE_ID = re.compile(r"^[A-Za-z0-9_-]{24}$")
 _RUN_ID = re.compile(r"^r-[a-z0-9]{12}$")
 
@@ -161,7 +164,7 @@ class Gateway:
                 run_id,
                 json.dumps({"role": "user", "content": task}),
                 f"{now:.6f}",
-                86400,
+                IDEMPOTENCY_TTL_SECONDS,
                 *(x for kv in fields.items() for x in kv),
             ],
         )
@@ -275,7 +278,9 @@ class Gateway:
                     m["by"] = authors.get(str(i)) or (requester if i == 0 else None)
         return msgs
 
-    async def continue_run(self, run_id: str, message: str, by: str) -> ContinueOutcome:
+    async def continue_run(
+        self, run_id: str, message: str, by: str, *, dedupe_key: str | None = None
+    ) -> ContinueOutcome:
         """Continue the run's conversation with ``message`` from the user ``by``.
 
         A completed or failed run starts its next turn with the whole history (``STARTED``).
@@ -283,6 +288,13 @@ class Gateway:
         (``QUEUED``). Once the model has read it, ``by`` is one of the run's requesters: none of
         them may approve the calls it asks for later (unless self-approval is allowed).
         :class:`RunNotFound` for an unknown run, :class:`InvalidState` for a cancelled one.
+
+        ``dedupe_key`` (a chat message's id, up to 200 characters) handles each message once
+        within a day: the key is recorded by the same script that records the message, so
+        either both happen or neither, and a later call with the key returns ``DUPLICATE``
+        and changes nothing. A run started by :meth:`start_run` with the same string as its
+        ``idempotency_key`` has seen the key too. A call retried after a lost reply gets the
+        outcome it had.
         """
         message = clean_text(message).strip()
         if not message:
@@ -291,25 +303,35 @@ class Gateway:
             raise ValueError(f"the message is longer than {MAX_TASK_CHARS} characters")
         if not by:
             raise ValueError("by is required")
+        if dedupe_key is not None and not 0 < len(dedupe_key) <= 200:
+            raise ValueError("dedupe_key must be 1 to 200 characters")
         if not valid_run_id(run_id, self.keys):
             raise RunNotFound(f"no run {run_id[:40]!r}")
         k = self.keys
         shard = k.shard_of(run_id)
         wire = json.dumps({"role": "user", "content": message})
-        res = await self._continue(
-            keys=[
-                k.run(run_id),
-                k.history(run_id),
-                k.authors(run_id),
-                k.run_inbox(run_id),
-                k.jobs(shard),
-                k.active(shard),
-                k.finished(shard),
-                k.events(shard),
-                k.user_runs(by, shard),
-            ],
-            args=[run_id, wire, by, f"{time.time():.6f}", json.dumps({"by": by, "message": wire})],
-        )
+        keys = [
+            k.run(run_id),
+            k.history(run_id),
+            k.authors(run_id),
+            k.run_inbox(run_id),
+            k.jobs(shard),
+            k.active(shard),
+            k.finished(shard),
+            k.events(shard),
+            k.user_runs(by, shard),
+        ]
+        args: list[Any] = [
+            run_id,
+            wire,
+            by,
+            f"{time.time():.6f}",
+            json.dumps({"by": by, "message": wire}),
+        ]
+        if dedupe_key is not None:
+            keys.append(k.seen_key(dedupe_key, shard))
+            args += [secrets.token_hex(8), IDEMPOTENCY_TTL_SECONDS]
+        res = await self._continue(keys=keys, args=args)
         if res == "missing":
             raise RunNotFound(f"no run {run_id!r}")
         if res == "cancelled":

@@ -196,7 +196,14 @@ class Keys:
     def start_key(self, key: str) -> str:
         """String: the run an idempotency key (e.g. a Slack trigger id) already started. It
         lives in :meth:`shard_for` ``(key)``, the shard the run is started in."""
-        return f"{self.tag(self.shard_for(key))}:start:{key}"
+        return self.seen_key(key, self.shard_for(key))
+
+    def seen_key(self, key: str, shard: int) -> str:
+        """String: what an idempotency or dedupe key already did in ``shard``: the run it
+        started (:meth:`start_key`), or the message it added to a run of that shard
+        (``Gateway.continue_run``). One name for both, so a chat message that started a run
+        is also seen when it comes again as a reply to that run."""
+        return f"{self.tag(shard)}:start:{key}"
 
     def active(self, shard: int) -> str:
         """Sorted set: a shard's runs not finished yet, scored by start time."""

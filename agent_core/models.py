@@ -64,6 +64,7 @@ class ContinueOutcome(str, Enum):
 
     STARTED = "started"  # the run had finished: the message starts its next turn
     QUEUED = "queued"  # the run is working: the model gets it at its next turn
+    DUPLICATE = "duplicate"  # its dedupe key was recorded already: nothing was done
 
 
 def requesters_of(h: dict[str, str]) -> list[str]:

@@ -60,18 +60,38 @@ return {ok = 'queued'}
 # behind messages already queued or the run failed in its tools phase (that turn is closed
 # first); then it joins the inbox. A run still working keeps the message in its inbox until
 # its next model turn (READ_FOR_MODEL). A cancelled run does not continue.
+# With a dedupe key (KEYS[10], e.g. a chat message's id), the message is handled once: the
+# key is written last, in this script, with the outcome, so a message is either recorded
+# and marked, or neither; a later call with the key answers 'duplicate', and a retry of
+# this very call (same ARGV[6], after a lost reply) answers the outcome it had.
 # KEYS[1] run hash, KEYS[2] history list, KEYS[3] authors hash, KEYS[4] inbox list,
 # KEYS[5] jobs stream, KEYS[6] active-runs zset, KEYS[7] finished-runs zset,
-# KEYS[8] events stream, KEYS[9] the author's runs zset (the run joins their /agent status)
+# KEYS[8] events stream, KEYS[9] the author's runs zset (the run joins their /agent status),
+# KEYS[10] the dedupe key's record (optional; Keys.seen_key, in the run's shard)
 # ARGV[1] run id, ARGV[2] user message JSON, ARGV[3] by, ARGV[4] now,
-# ARGV[5] inbox entry JSON ({"by": …, "message": the user message JSON as a string})
-# Returns 'started' | 'queued' | 'cancelled' | 'missing' as status replies.
+# ARGV[5] inbox entry JSON ({"by": …, "message": the user message JSON as a string}),
+# ARGV[6] this call's token, ARGV[7] the dedupe record's TTL in seconds (both with KEYS[10])
+# Returns 'started' | 'queued' | 'cancelled' | 'missing' | 'duplicate' as status replies.
 CONTINUE_RUN = (
     _HELPERS
     + """
+local function answer(outcome)
+  if KEYS[10] then
+    redis.call('SET', KEYS[10], 'continue:' .. ARGV[6] .. ':' .. outcome, 'EX', ARGV[7])
+  end
+  return {ok = outcome}
+end
+if KEYS[10] then
+  local seen = redis.call('GET', KEYS[10])
+  if seen then
+    local mine = 'continue:' .. ARGV[6] .. ':'
+    if string.sub(seen, 1, #mine) == mine then return {ok = string.sub(seen, #mine + 1)} end
+    return {ok = 'duplicate'}
+  end
+end
 local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return {ok = 'missing'} end
-if st == 'cancelled' then return {ok = 'cancelled'} end
+if not st then return answer('missing') end
+if st == 'cancelled' then return answer('cancelled') end
 local queued = st ~= 'completed' and st ~= 'failed'
 if queued then
   redis.call('RPUSH', KEYS[4], ARGV[5])
@@ -100,6 +120,6 @@ local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
 redis.call('XADD', KEYS[8], '*', 'type', 'run.continued', 'run_id', ARGV[1], 'data',
   '{"run_id":' .. cjson.encode(ARGV[1]) .. ',"by":' .. cjson.encode(ARGV[3])
   .. ',"queued":' .. (queued and 'true' or 'false') .. ',"origin":' .. origin .. '}')
-return {ok = queued and 'queued' or 'started'}
+return answer(queued and 'queued' or 'started')
 """
 )

@@ -10,6 +10,9 @@ goes on in a task that shutdown waits for (``BotContext.inflight``), as before.
   and the events the bot acks early).
 - :func:`in_background`: for listeners Bolt acknowledges itself after they return (the
   assistant's): they return at once and work in the background.
+- :func:`ack_when_recorded`: for an event whose message must not be lost (a thread reply):
+  Slack gets its ack once the message is in Redis, or after ACK_BUDGET_SECONDS, so a web
+  process that dies before has the event delivered again (Slack retries unanswered events).
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from .context import BotContext
+from .context import BotContext, Redeliver
 
 log = logging.getLogger(__name__)
 
 Listener = TypeVar("Listener", bound=Callable[..., Awaitable[None]])
+Ack = Callable[[], Awaitable[None]]
+
+ACK_BUDGET_SECONDS = 2.0  # Slack retries an event not answered within 3 s
 
 
 def at_ack(ctx: BotContext) -> Callable[[Listener], Listener]:
@@ -70,3 +76,31 @@ def in_background(ctx: BotContext) -> Callable[[Listener], Listener]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+async def ack_when_recorded(
+    ack: Ack, work: Callable[[Ack], Awaitable[None]], budget: float = ACK_BUDGET_SECONDS
+) -> None:
+    """Run ``work(ack_once)`` and acknowledge when it calls ``ack_once`` (its message is
+    recorded, or nothing needs recording), when it ends, or after ``budget`` seconds, whichever
+    comes first; then wait for it to end. A :class:`Redeliver` raised before the ack leaves
+    the event unacknowledged."""
+    acked = asyncio.Event()
+
+    async def ack_once() -> None:
+        if not acked.is_set():
+            acked.set()
+            await ack()
+
+    task = asyncio.ensure_future(work(ack_once))
+    waiter = asyncio.ensure_future(acked.wait())
+    try:
+        await asyncio.wait({task, waiter}, timeout=budget, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if task.done() and not acked.is_set() and not task.cancelled():
+        exc = task.exception()
+        if isinstance(exc, Redeliver):
+            raise exc
+    await ack_once()
+    await task

@@ -25,7 +25,7 @@ from agent_core import metrics
 from agent_core.agent import Agent
 
 from . import actions, assistant, commands, conversations, mentions, quiet
-from .context import BotContext
+from .context import BotContext, Redeliver
 from .ports import GatewayLike
 from .publisher import slack_error
 from .settings import BotSettings
@@ -146,6 +146,9 @@ def create_app(
     @app.error
     async def on_error(error: Exception, body: dict[str, Any]) -> None:
         kind = body.get("type") or ("command" if "command" in body else "unknown")
+        if isinstance(error, Redeliver):
+            log.warning("a %s request was left for Slack to deliver again: %s", kind, error)
+            return
         log.error("handler failed for a %s request: %s", kind, type(error).__name__, exc_info=error)
 
     return app

@@ -39,12 +39,11 @@ from slack_bolt.middleware.assistant.async_assistant import AsyncAssistant
 from agent_core.agent import Agent
 from agent_core.models import Event, EventType, Run
 
-from .acking import in_background
+from .acking import Ack, ack_when_recorded, at_ack, in_background
 from .cards import escape
 from .context import BotContext
-from .conversations import EVENT_NS, EVENT_TTL_SECONDS, Conversations
 from .directory import AgentEntry
-from .mentions import Mentions, ask_of, strip_mentions
+from .mentions import Mentions, ask_of
 from .ports import GatewayLike
 from .publisher import Publisher, slack_error
 from .settings import parse_approvers
@@ -146,7 +145,6 @@ class Assistant:
         # bot.mentions starts the run (the DM path); its runs are marked as this thread's.
         marked = dataclasses.replace(ctx, gateway=cast(GatewayLike, _AssistantRuns(ctx.gateway)))
         self.mentions = Mentions(marked)
-        self.conversations = Conversations(ctx)
 
     @property
     def agent(self) -> Agent | AgentEntry | None:
@@ -202,23 +200,20 @@ class Assistant:
             log.warning("could not offer suggested prompts: %s", slack_error(exc))
 
     async def on_message(
-        self, event: dict[str, Any], body: dict[str, Any], bot_user_id: str | None
+        self,
+        event: dict[str, Any],
+        body: dict[str, Any],
+        bot_user_id: str | None,
+        ack: Ack | None = None,
     ) -> None:
-        """The person's message in the thread: the first starts a run, later ones continue it."""
+        """The person's message in the thread: the first starts a run, later ones continue it
+        (each message once, by its id; ``ack`` once it is recorded)."""
         ask = ask_of(event, bot_user_id)
         if ask is None or ask.thread_ts is None:
+            if ack is not None:
+                await ack()
             return
-        event_id = body.get("event_id")
-        store = self.ctx.store
-        if isinstance(event_id, str) and event_id:
-            if not await store.first_time(EVENT_NS, event_id, EVENT_TTL_SECONDS):
-                log.info("event %s already handled (a retry)", event_id)
-                return
-        if await store.run_of_thread(ask.channel, ask.thread_ts):
-            await self.conversations.on_reply(ask.channel, ask.thread_ts, ask.user, ask.text)
-            return
-        text = strip_mentions(ask.text, bot_user_id)
-        await self.mentions.on_ask(ask, text, str(body.get("team_id") or ""), bot_user_id)
+        await self.mentions.on_ask(ask, str(body.get("team_id") or ""), bot_user_id, ack)
 
 
 class ApproverNames:
@@ -381,20 +376,24 @@ def register(app: AsyncApp, ctx: BotContext, agent: Agent | None = None) -> Assi
     bolt = AsyncAssistant(thread_context_store=threads)
     in_thread = AsyncCustomListenerMatcher(app_name=app.name, func=assistant.is_thread)
 
-    # Bolt acknowledges assistant events itself once these return: they return at once.
+    # Bolt acknowledges a thread's start itself once this returns: it returns at once.
     @bolt.thread_started
     @in_background(ctx)
     async def thread_started(event: dict[str, Any]) -> None:
         async with ctx.busy():
             await assistant.on_thread_started(event)
 
+    # A message is acknowledged once recorded (see bot.conversations), as in a DM.
     @bolt.user_message(matchers=[in_thread])  # type: ignore[arg-type]
-    @in_background(ctx)
+    @at_ack(ctx)
     async def user_message(
-        body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
+        ack: Any, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
     ) -> None:
+        async def work(ack_once: Ack) -> None:
+            await assistant.on_message(event, body, context.bot_user_id, ack_once)
+
         async with ctx.busy():
-            await assistant.on_message(event, body, context.bot_user_id)
+            await ack_when_recorded(ack, work)
 
     # assistant_thread_context_changed: Bolt's own listener saves the context in `threads`.
     app.assistant(bolt)

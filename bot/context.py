@@ -24,6 +24,11 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 
+class Redeliver(Exception):
+    """Raised by an event's handler before its ack to leave the event unacknowledged, so
+    that Slack delivers it again later (Bolt answers 500; Socket Mode sends no ack)."""
+
+
 @dataclass
 class BotContext:
     settings: BotSettings
@@ -61,6 +66,8 @@ class BotContext:
         self.inflight.discard(task)
         if not task.cancelled() and task.exception() is not None:
             exc = task.exception()
+            if isinstance(exc, Redeliver):
+                return  # not acknowledged on purpose: the app's error handler logs it
             log.error("a Slack handler failed after its ack", exc_info=exc)
 
     async def drain(self, timeout: float = 10.0) -> None:

@@ -7,8 +7,11 @@ configured agent picks it, as with the slash command (``@agent billing refund or
 :mod:`bot.directory`). The run answers in a
 thread under the person's message: its root message ("Task started by …") is the thread's
 first reply, and its cards and answers follow. A reply in that thread continues the run
-(``bot.conversations``). An empty or too long task is answered privately; bots, this app,
-edits and plain channel chat are ignored. Slack's retries of one message start one run.
+(``bot.conversations``), and so does a mention written as a reply there: Slack sends it both
+as ``app_mention`` and as ``message``, and whichever comes first adds it to the run, once
+(the message's id is the dedupe key, see :func:`bot.conversations.message_key`). An empty or
+too long task is answered privately; bots, this app, edits and plain channel chat are
+ignored. Slack's retries of one message start one run; when Redis fails, the author is told.
 """
 
 from __future__ import annotations
@@ -21,16 +24,23 @@ from typing import Any
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 
 from . import cards
-from .acking import at_ack
+from .acking import Ack, ack_when_recorded, at_ack
 from .commands import MAX_TASK_CHARS, parse_task
 from .context import BotContext
+from .conversations import (
+    _BACKEND_ERRORS,
+    MESSAGE_NS,
+    UNAVAILABLE,
+    Conversations,
+    Reply,
+    message_key,
+)
 from .directory import NO_TASK
 from .publisher import slack_error
 from .store import RECORD_TTL_SECONDS
 
 log = logging.getLogger(__name__)
 
-MESSAGE_NS = "slack-message"
 MESSAGE_TTL_SECONDS = 3600  # Slack retries for about an hour at most
 _MENTION = re.compile(r"\s*<@([A-Z0-9]+)(?:\|[^>]*)?>\s*")
 
@@ -96,17 +106,41 @@ class Mentions:
 
     def __init__(self, ctx: BotContext) -> None:
         self.ctx = ctx
+        self.conversations = Conversations(ctx)
 
-    async def on_ask(self, ask: Ask, text: str, team: str, bot_user_id: str | None) -> None:
-        """Start a run on ``text`` (mentions already taken out), answering in ask's thread."""
+    async def on_ask(
+        self, ask: Ask, team: str, bot_user_id: str | None, ack: Ack | None = None
+    ) -> None:
+        """Start a run on the ask's text (the bot's mentions taken out), answering in its
+        thread; in a run's thread, add it to that run instead (as written, as the
+        ``message`` event of the same message would). ``ack`` once that is recorded, or
+        once the claim on a new task is (a run is not started twice either way)."""
         ctx = self.ctx
-        if ask.thread_ts and await ctx.store.run_of_thread(ask.channel, ask.thread_ts):
-            return  # a reply in a run's thread: bot.conversations continues the run
-        # Slack's retries carry the same message (and event_id): nothing is posted twice.
         ident = f"{ask.channel}:{ask.ts}"
-        if not await ctx.store.first_time(MESSAGE_NS, ident, MESSAGE_TTL_SECONDS):
+        try:
+            run_id = None
+            if ask.thread_ts:
+                run_id = await ctx.store.run_of_thread(ask.channel, ask.thread_ts)
+            # Slack's retries carry the same message (and event_id): nothing is posted twice.
+            first = run_id is None and await ctx.store.first_time(
+                MESSAGE_NS, ident, MESSAGE_TTL_SECONDS
+            )
+        except _BACKEND_ERRORS as exc:
+            log.error("a message to the app was not recorded: %s", type(exc).__name__)
+            if ack is not None:
+                await ack()
+            await self._tell(ask, UNAVAILABLE)
+            return
+        if run_id is not None:
+            reply = Reply(ask.channel, ask.thread_ts or ask.ts, ask.ts, ask.user, ask.text)
+            await self.conversations.on_reply(reply, ack, run_id=run_id)
+            return
+        if ack is not None:
+            await ack()
+        if not first:
             log.info("message %s already handled (a retry)", ident)
             return
+        text = strip_mentions(ask.text, bot_user_id)
         bot = f"<@{bot_user_id}>" if bot_user_id else "@agent"
         route = ctx.agents.route(parse_task(text))
         task, agent = route.task, route.agent
@@ -142,7 +176,9 @@ class Mentions:
                 task,
                 requested_by=ask.user,
                 origin=origin,
-                idempotency_key=f"{MESSAGE_NS}:{ident}",
+                # The message's dedupe key: its `message` twin, if it comes as a reply to
+                # this run, finds it recorded (Gateway.continue_run).
+                idempotency_key=message_key(ask.channel, ask.ts),
                 agent=agent.name if agent else None,
             )
         except Exception:
@@ -182,26 +218,31 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
     """Register before ``bot.conversations``: Bolt runs the first listener that matches."""
     mentions = Mentions(ctx)
 
-    async def handle(event: dict[str, Any], body: dict[str, Any], bot: str | None) -> None:
+    async def handle(
+        ack: Any, event: dict[str, Any], body: dict[str, Any], bot: str | None
+    ) -> None:
         ask = ask_of(event, bot)
         if ask is None:
+            await ack()
             return
-        text = strip_mentions(ask.text, bot)
+        team = str(body.get("team_id") or "")
+
+        async def work(ack_once: Ack) -> None:
+            await mentions.on_ask(ask, team, bot, ack_once)
+
         async with ctx.busy():
-            await mentions.on_ask(ask, text, str(body.get("team_id") or ""), bot)
+            await ack_when_recorded(ack, work)
 
     @app.event("app_mention")
     @at_ack(ctx)
     async def on_mention(
         ack: Any, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
     ) -> None:
-        await ack()
-        await handle(event, body, context.bot_user_id)
+        await handle(ack, event, body, context.bot_user_id)
 
     @app.event("message", matchers=[is_dm_task])
     @at_ack(ctx)
     async def on_dm(
         ack: Any, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
     ) -> None:
-        await ack()
-        await handle(event, body, context.bot_user_id)
+        await handle(ack, event, body, context.bot_user_id)

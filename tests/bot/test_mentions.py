@@ -120,8 +120,8 @@ async def test_a_mention_starts_a_run_in_its_thread_and_a_retry_starts_none(
     assert len(roots) == 1
 
     await finished(live, run.run_id)
-    # In the run's thread, a mention is a reply: it continues the run (the message event
-    # does, bot.conversations), and starts no second run.
+    # In the run's thread, a mention is a reply: it continues the run (whichever of its two
+    # events comes first, once: tests/bot/test_message_once.py), and starts no second run.
     later = mention(f"<@{BOT}> thanks", thread_ts=event["ts"])
     await send_event(live, later)
     await send_event(live, {**later, "type": "message", "channel_type": "channel"})
