@@ -28,7 +28,6 @@ MODAL_ARG_CHUNKS = 40
 RESULT_LIMIT = 1000
 DESCRIPTION_LIMIT = 1000
 TASK_LIMIT = 2500
-MESSAGE_LIMIT = 3500
 
 APPROVE_ACTION = "gate_approve"
 DENY_ACTION = "gate_deny"
@@ -72,7 +71,7 @@ class ToolResult:
 # --------------------------------------------------------------------------- text helpers
 def escape(text: str) -> str:
     """Escape the three characters Slack treats as control characters in mrkdwn."""
-    return "".join(_ESCAPES.get(c, c) for c in text)
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def clip(text: str, limit: int, marker: str = "…") -> str:
@@ -631,53 +630,6 @@ def root_not_started(task: str, user_id: str) -> Card:
     card = root_message(task, user_id, None)
     blocks = [*card.blocks[:1], _context("❌ not started: the agent backend is unavailable")]
     return Card(text="The task could not be started.", blocks=blocks)
-
-
-def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
-    """Split escaped text into messages of at most ``limit`` characters, never dropping any.
-
-    Cuts prefer paragraph breaks, then line breaks, then spaces; a code fence open at a cut
-    is closed and reopened in the next part.
-    """
-    body = escape(text.strip()) or "(empty)"
-    budget = limit - 8  # room to close and reopen a fence
-    parts: list[str] = []
-    reopen = False
-    while body:
-        prefix = "```\n" if reopen else ""
-        room = budget - len(prefix)
-        if len(body) <= room:
-            piece, body = body, ""
-        else:
-            cut = _cut_point(body, room)
-            piece, body = body[:cut], body[cut:].lstrip("\n")
-        piece = prefix + piece
-        reopen = piece.count("```") % 2 == 1
-        parts.append(piece + ("\n```" if reopen else ""))
-    return parts
-
-
-def _cut_point(text: str, room: int) -> int:
-    window = text[:room]
-    for sep in ("\n\n", "\n", " "):
-        i = window.rfind(sep)
-        if i > room // 2:
-            return i + len(sep)
-    cut = room
-    amp = window.rfind("&", max(0, room - 5))
-    if amp != -1 and ";" not in window[amp:]:
-        cut = amp  # never split an &amp; entity
-    return max(cut, 1)
-
-
-def answer_messages(final: str) -> list[str]:
-    parts = split_message(final)
-    if len(parts) == 1:
-        return ["✅ *Answer*\n" + parts[0]]
-    n = len(parts)
-    return [
-        ("✅ *Answer*\n" if i == 0 else "") + p + f"\n_({i + 1}/{n})_" for i, p in enumerate(parts)
-    ]
 
 
 def run_failed_message(error: str, retry: str | None = None) -> str:
