@@ -247,8 +247,7 @@ async def test_a_mention_routes_like_the_command(
     await multi.fake.wait_for(
         lambda f: any(
             f"What should `billing` do? Write the task after its name: "
-            f"`<@{BOT}> billing &lt;task&gt;`"
-            in a["text"]
+            f"`<@{BOT}> billing &lt;task&gt;`" in a["text"]
             for a in ephemerals(multi)
         ),
         what="the question",
