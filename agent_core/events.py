@@ -87,3 +87,7 @@ class EventConsumer:
     async def touch(self, event: Event) -> None:
         """Keep a slow event from being claimed by another member."""
         await self._stream.touch(StreamMessage(event.id, {}, 1, event.stream))
+
+    async def touch_many(self, events: list[Event]) -> None:
+        """Keep events this member still holds from being claimed (one round trip)."""
+        await self._stream.touch_many([StreamMessage(e.id, {}, 1, e.stream) for e in events])

@@ -28,7 +28,6 @@ MODAL_ARG_CHUNKS = 40
 RESULT_LIMIT = 1000
 DESCRIPTION_LIMIT = 1000
 TASK_LIMIT = 2500
-MESSAGE_LIMIT = 3500
 
 APPROVE_ACTION = "gate_approve"
 DENY_ACTION = "gate_deny"
@@ -38,6 +37,9 @@ TURN_APPROVE_ACTION = "turn_approve_all"
 TURN_DENY_ACTION = "turn_deny_all"
 TURN_DENY_CALLBACK = "turn_deny_reason"
 CONFIRM_TEXT_LIMIT = 300  # a confirm dialog's text
+MIN_CALL_WIDTH = 24  # the fewest characters a call gets in a confirm dialog's list
+TURN_LIST_LIMIT = 15  # calls listed with their arguments in a turn's "Approve all" message
+TURN_LINE_LIMIT = 150
 REASON_BLOCK = "reason"
 REASON_ACTION = "reason_input"
 REASON_MAX = 500
@@ -72,7 +74,7 @@ class ToolResult:
 # --------------------------------------------------------------------------- text helpers
 def escape(text: str) -> str:
     """Escape the three characters Slack treats as control characters in mrkdwn."""
-    return "".join(_ESCAPES.get(c, c) for c in text)
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def clip(text: str, limit: int, marker: str = "…") -> str:
@@ -307,10 +309,12 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
     if gate.nested:
         notes.insert(0, f"🧩 Asked by a sub-agent: {escape(call_path(gate))}")
     if shown < len(raw):
+        # The button (and so the advice) only while a decision can still be made.
+        advice = " Use *View all arguments* before deciding." if pending else ""
         notes.insert(
             0,
-            f"⚠️ *Arguments truncated*: showing the first {shown:,} of {len(raw):,} characters. "
-            "Use *View all arguments* before deciding.",
+            f"⚠️ *Arguments truncated*: showing the first {shown:,} of {len(raw):,} "
+            f"characters.{advice}",
         )
     blocks.append(_context(" · ".join(notes)))
     blocks.append(_section(outcome_line(gate)))
@@ -433,6 +437,46 @@ def parse_turn_value(value: str) -> tuple[str, int, str] | None:
     return parts[0], int(parts[1]), parts[2]
 
 
+def call_summary(gate: Gate, limit: int) -> str:
+    """``tool(name="value", …)``: a call and its arguments in mrkdwn (escaped), within
+    ``limit`` characters, a cut marked "…"; in a code span unless a backtick would end it."""
+    args = ", ".join(
+        f"{k}={json.dumps(v, ensure_ascii=False, default=str)}" for k, v in gate.args.items()
+    )
+    raw = f"{gate.tool}({args})"
+    if "`" in raw:
+        return clip_escaped(raw, limit)
+    return f"`{clip_escaped(raw, max(limit - 2, 1))}`"
+
+
+def confirm_list(header: str, gates: list[Gate], limit: int = CONFIRM_TEXT_LIMIT) -> str:
+    """``header`` and a line per call with its arguments, within ``limit`` characters (a
+    confirm dialog's text): as many calls as fit at :data:`MIN_CALL_WIDTH` characters or
+    more, each cut as little as the room allows, then "…and N more"."""
+    n = len(gates)
+    for shown in range(n, 0, -1):
+        more = "" if shown == n else f"\n…and {n - shown} more: see their cards."
+        room = limit - len(header) - len(more) - 3 * shown  # "\n• " per line
+        full = [len(call_summary(g, limit)) for g in gates[:shown]]
+        width = _fair_width(full, room)
+        if width >= MIN_CALL_WIDTH or shown == 1:
+            lines = "".join(f"\n• {call_summary(g, max(width, 1))}" for g in gates[:shown])
+            return clip(header + lines + more, limit)
+    return clip(header, limit)
+
+
+def _fair_width(lengths: list[int], room: int) -> int:
+    """The largest cap ``c`` with ``sum(min(x, c) for x in lengths) <= room``."""
+    lo, hi = 0, max(lengths, default=0)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(x, mid) for x in lengths) <= room:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _names(gates: list[Gate], limit: int = 10) -> str:
     shown = ", ".join(f"`{clip(escape(g.tool), 60)}`" for g in gates[:limit])
     return shown + (f" and {len(gates) - limit} more" if len(gates) > limit else "")
@@ -498,19 +542,17 @@ def turn_card(gates: list[Gate]) -> Card:
         blocks = [_section(summary), _context(f"Run `{rid}` · each card shows its call's outcome")]
         return Card(text=clip(summary.split("\n", 1)[0], 300), blocks=blocks)
     n = len(pending)
-    head = f"🔐 *{total} approval requests* in this turn: {_names(gates)}."
+    head = f"🔐 *{total} approval requests* in this turn:"
+    for g in gates[:TURN_LIST_LIMIT]:
+        done = "" if g.status is GateStatus.PENDING else f" — {_was_decided(g)}"
+        head += f"\n• {call_summary(g, TURN_LINE_LIMIT)}{done}"
+    if total > TURN_LIST_LIMIT:
+        head += f"\n…and {total - TURN_LIST_LIMIT} more: see their cards."
     if n < total:
-        head += f" {n} still {_plural(n, 'waits', 'wait')} for a decision."
+        head += f"\n{n} still {_plural(n, 'waits', 'wait')} for a decision."
     head += "\nDecide each on its card, or all of them at once."
     every = "all" if n == total else "the remaining"
-    confirm_text = f"This approves {every} {n} tool {_plural(n, 'call', 'calls')} of run `{rid}`:"
-    for i, g in enumerate(pending):
-        line = f"\n• `{clip(escape(g.tool), 60)}`"
-        more = f"\n…and {n - i} more"
-        if len(confirm_text) + len(line) + (len(more) if i < n - 1 else 0) > CONFIRM_TEXT_LIMIT:
-            confirm_text += more
-            break
-        confirm_text += line
+    header = f"This approves {every} {n} tool {_plural(n, 'call', 'calls')} of run `{rid}`:"
     approve = _button(
         f"Approve all {n}" if n == total else f"Approve remaining {n}",
         TURN_APPROVE_ACTION,
@@ -518,8 +560,11 @@ def turn_card(gates: list[Gate]) -> Card:
         style="primary",
     )
     approve["confirm"] = {
-        "title": {"type": "plain_text", "text": clip(f"Approve {n} tool calls?", 100)},
-        "text": {"type": "mrkdwn", "text": confirm_text},
+        "title": {
+            "type": "plain_text",
+            "text": clip(f"Approve {n} tool {_plural(n, 'call', 'calls')}?", 100),
+        },
+        "text": {"type": "mrkdwn", "text": confirm_list(header, pending)},
         "confirm": {"type": "plain_text", "text": clip(f"Approve {n}", 30)},
         "deny": {"type": "plain_text", "text": "Cancel"},
         "style": "primary",
@@ -645,53 +690,6 @@ def root_not_started(task: str, user_id: str) -> Card:
     return Card(text="The task could not be started.", blocks=blocks)
 
 
-def split_message(text: str, limit: int = MESSAGE_LIMIT) -> list[str]:
-    """Split escaped text into messages of at most ``limit`` characters, never dropping any.
-
-    Cuts prefer paragraph breaks, then line breaks, then spaces; a code fence open at a cut
-    is closed and reopened in the next part.
-    """
-    body = escape(text.strip()) or "(empty)"
-    budget = limit - 8  # room to close and reopen a fence
-    parts: list[str] = []
-    reopen = False
-    while body:
-        prefix = "```\n" if reopen else ""
-        room = budget - len(prefix)
-        if len(body) <= room:
-            piece, body = body, ""
-        else:
-            cut = _cut_point(body, room)
-            piece, body = body[:cut], body[cut:].lstrip("\n")
-        piece = prefix + piece
-        reopen = piece.count("```") % 2 == 1
-        parts.append(piece + ("\n```" if reopen else ""))
-    return parts
-
-
-def _cut_point(text: str, room: int) -> int:
-    window = text[:room]
-    for sep in ("\n\n", "\n", " "):
-        i = window.rfind(sep)
-        if i > room // 2:
-            return i + len(sep)
-    cut = room
-    amp = window.rfind("&", max(0, room - 5))
-    if amp != -1 and ";" not in window[amp:]:
-        cut = amp  # never split an &amp; entity
-    return max(cut, 1)
-
-
-def answer_messages(final: str) -> list[str]:
-    parts = split_message(final)
-    if len(parts) == 1:
-        return ["✅ *Answer*\n" + parts[0]]
-    n = len(parts)
-    return [
-        ("✅ *Answer*\n" if i == 0 else "") + p + f"\n_({i + 1}/{n})_" for i, p in enumerate(parts)
-    ]
-
-
 def run_failed_message(error: str, retry: str | None = None) -> str:
     """The thread's failure message; ``retry``: the command that continues the run, when a
     retry can fix its failure."""
@@ -728,7 +726,7 @@ def status_message(
 ) -> Card:
     """``/agent status``: the user's recent runs and their pending approvals."""
     if not runs:
-        return Card(text=f"You have no runs yet. Start one with `{command} <task>`.")
+        return Card(text=f"You have no runs yet. Start one with `{command} &lt;task&gt;`.")
     blocks: list[dict[str, Any]] = [_section("*Your recent runs*")]
     for run in runs[:15]:
         line = (
@@ -743,21 +741,29 @@ def status_message(
                 f"\n  🔐 waiting: `{clip(escape(g.tool), 100)}` · expires {fmt_date(g.deadline)}"
             )
         if len(gates) > 5:
-            line += f"\n  …and {len(gates) - 5} more pending approvals"
+            line += f"\n  …and {_count(len(gates) - 5, 'more pending approval')}"
         blocks.append(_section(line))
     waiting = sum(len(v) for v in pending.values())
-    blocks.append(_context(f"{len(runs)} runs shown · {waiting} pending approvals"))
+    shown = _count(min(len(runs), 15), "run")
+    blocks.append(_context(f"{shown} shown · {_count(waiting, 'pending approval')}"))
     return Card(text=f"Your recent runs: {len(runs)}, pending approvals: {waiting}", blocks=blocks)
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 pending approval``, ``2 pending approvals``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def usage(command: str = "/agent") -> str:
+    """``/agent help``, in mrkdwn: a placeholder is written ``&lt;run id&gt;``, since Slack
+    takes ``<run id>`` for a link or a mention and shows ``run id``."""
     return (
         f"*Usage*\n"
-        f"• `{command} <task>` — start the agent on a task; it works in a thread and asks "
+        f"• `{command} &lt;task&gt;` — start the agent on a task; it works in a thread and asks "
         "for approval before sensitive tool calls\n"
         f"• `{command} status` — your recent runs and their pending approvals\n"
-        f"• `{command} cancel <run id>` — cancel a run (its requester or an approver)\n"
-        f"• `{command} retry <run id>` — continue a failed run from its last completed step; "
+        f"• `{command} cancel &lt;run id&gt;` — cancel a run (its requester or an approver)\n"
+        f"• `{command} retry &lt;run id&gt;` — continue a failed run from its last completed step; "
         "calls that already ran are not run again (its requester or an approver)\n"
         f"• `{command} help` — this message"
     )

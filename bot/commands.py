@@ -105,7 +105,10 @@ class Commands:
             return self.usage()
         if stripped.lower() in ("cancel", "retry"):
             sub = stripped.lower()
-            return f"Which run? Use `{self.command} {sub} <run id>` (see `{self.command} status`)."
+            return (
+                f"Which run? Use `{self.command} {sub} &lt;run id&gt;` "
+                f"(see `{self.command} status`)."
+            )
         if len(parse_task(stripped)) > MAX_TASK_CHARS:
             return (
                 f"That task is {len(parse_task(stripped)):,} characters long; the limit is "
@@ -376,7 +379,7 @@ CHILD_SETTLED = (
 )
 NOT_RETRYABLE = (
     "Run `{run}` failed in a way a retry cannot fix (its error is in its thread). "
-    "Start it again as a new task with `{command} <task>`."
+    "Start it again as a new task with `{command} &lt;task&gt;`."
 )
 
 

@@ -48,10 +48,12 @@ QUEUED = (
     "its next step, after the current one."
 )
 CANCELLED = (
-    "Run `{run}` was cancelled, so it does not continue. Start a new one with `{command} <task>`."
+    "Run `{run}` was cancelled, so it does not continue. "
+    "Start a new one with `{command} &lt;task&gt;`."
 )
 GONE = (
-    "Run `{run}` is no longer kept, so it cannot continue. Start a new one with `{command} <task>`."
+    "Run `{run}` is no longer kept, so it cannot continue. "
+    "Start a new one with `{command} &lt;task&gt;`."
 )
 TOO_LONG = "Your message was not passed on to run `{run}`: {why}."
 NOT_RECORDED = (

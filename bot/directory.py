@@ -39,7 +39,7 @@ NO_WORKER = (
     "it does not start within a few minutes, tell whoever runs this app."
 )
 NO_TASK = (
-    "What should `{agent}` do? Write the task after its name: `{command} {agent} <task>`. "
+    "What should `{agent}` do? Write the task after its name: `{command} {agent} &lt;task&gt;`. "
     "Nothing was started."
 )
 
@@ -119,7 +119,7 @@ class AgentDirectory:
         if len(self.entries) > 1:
             first, second = self.entries[0].name, self.entries[1].name
             lines.append(
-                f"Name an agent first to pick it, e.g. `{command} {second} <task>`; without a "
+                f"Name an agent first to pick it, e.g. `{command} {second} &lt;task&gt;`; without a "
                 f"name, `{first}` does the task."
             )
         return "\n".join(lines)

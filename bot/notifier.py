@@ -5,6 +5,11 @@ the events and a crashed replica's unacknowledged events are claimed by another.
 is acknowledged only after Slack shows it, or when Slack refused for good (logged): a
 transient failure leaves it pending to be delivered again, which is safe because every
 handler is idempotent.
+
+Each Slack thread has a lane of its own (see :class:`_Lanes`): its events are handled in
+order, one at a time, while other threads' go on. Reading does not wait for the events read
+before: a thread held up by Slack (a long answer, a 429 with ``Retry-After``) delays only
+itself, never a new card in another thread.
 """
 
 from __future__ import annotations
@@ -14,15 +19,18 @@ import contextlib
 import logging
 import os
 import socket
+import time
+from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import RedisError
 
 from agent_core.models import Event, EventType, GateStatus
 
-from . import assistant, cards
+from . import answers, assistant, cards
 from .ports import EventConsumerLike, GatewayLike
-from .publisher import Publisher, TransientSlackError
+from .publisher import Publisher, RateLimited, TransientSlackError, raising_rate_limits
 from .store import LockBusy, Store
 
 log = logging.getLogger(__name__)
@@ -30,6 +38,14 @@ log = logging.getLogger(__name__)
 GROUP = "bot"
 NEVER_RAN = "the run was cancelled before this call started"
 NEVER_RAN_FAILED = "the run failed before this call started"
+# A 429 on an event is waited out (its Retry-After) and the event tried again this many
+# times before it is left pending, to be delivered again later.
+RATE_LIMIT_RETRIES = 8
+# Events held (read, not yet done) past which reading pauses: Slack is refusing everything.
+MAX_HELD = 2000
+# Held events are marked as still being worked on this often, so that no other replica
+# claims them (nor this one reclaims them, which would count a delivery) while they wait.
+TOUCH_SECONDS = 5.0
 
 
 def consumer_name() -> str:
@@ -49,6 +65,11 @@ class Notifier:
         block_ms: int = 1000,
         concurrency: int = 1,
     ) -> None:
+        """``concurrency`` (NOTIFIER_CONCURRENCY): events of different threads handled at
+        the same moment. One is the default: a click's own card is updated by its handler,
+        and on a busy web process more notifier tasks took the event loop from the clicks
+        (the Slack bench on 2 cores: ack p99 at 100 clicks/s 41 ms with 1, 64 with 4, 254
+        with 16). A thread waiting out a 429 holds no slot."""
         self.gateway = gateway
         self.publisher = publisher
         self.store = store
@@ -64,7 +85,8 @@ class Notifier:
         per reader (one in all on a single Redis node, one per shard on Redis Cluster)."""
         stop = stop or asyncio.Event()
         sources = self.gateway.event_consumers(group=self.group, consumer=self.consumer)
-        loops = [asyncio.create_task(self._loop(source, stop)) for source in sources]
+        slots = asyncio.Semaphore(self.concurrency)
+        loops = [asyncio.create_task(self._loop(source, stop, slots)) for source in sources]
         try:
             await asyncio.gather(*loops)
         finally:
@@ -74,11 +96,30 @@ class Notifier:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
 
-    async def _loop(self, source: EventConsumerLike, stop: asyncio.Event) -> None:
+    async def _loop(
+        self, source: EventConsumerLike, stop: asyncio.Event, slots: asyncio.Semaphore
+    ) -> None:
+        acks: list[Event] = []
+        ack_wanted = asyncio.Event()
+
+        def done(event: Event, ok: bool) -> None:
+            if ok:
+                acks.append(event)
+                ack_wanted.set()
+
+        lanes = _Lanes(self, slots, done, stop)
+        acker = asyncio.create_task(self._ack_loop(source, acks, ack_wanted))
         stopping = asyncio.create_task(stop.wait())
         backoff = 0.5
+        touched = time.monotonic()
         try:
             while not stop.is_set():
+                if time.monotonic() - touched >= TOUCH_SECONDS:
+                    touched = time.monotonic()
+                    await _touch(source, lanes.held_since(touched - TOUCH_SECONDS))
+                if lanes.held >= MAX_HELD:
+                    await lanes.wait_for_room(timeout=1.0)
+                    continue
                 reading = asyncio.create_task(source.read(count=self.batch, block_ms=self.block_ms))
                 await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if not reading.done():
@@ -102,64 +143,70 @@ class Notifier:
                     backoff = min(backoff * 2, 10.0)
                     continue
                 backoff = 0.5
-                # Delivered to us: handle them even when stopping.
-                handled = await self.handle_batch(events)
-                try:
-                    await source.ack_many(handled)
-                except (RedisError, OSError) as exc:
-                    log.warning("ack of %d event(s) failed: %s", len(handled), type(exc).__name__)
+                # Delivered to us: handled even when stopping (a wait on a 429 then ends).
+                lanes.add(events)
+            await lanes.drain()
         finally:
             stopping.cancel()
+            await lanes.close()
+            acker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acker
+            await _ack(source, acks)
+
+    async def _ack_loop(
+        self, source: EventConsumerLike, acks: list[Event], wanted: asyncio.Event
+    ) -> None:
+        """Acknowledge handled events as they are done: those done while an XACK was on its
+        way go together in the next one."""
+        while True:
+            await wanted.wait()
+            wanted.clear()
+            await _ack(source, acks)
 
     async def handle_batch(self, events: list[Event]) -> list[Event]:
-        """Handle a batch of events; the events that may be acknowledged.
+        """Handle ``events`` as the loop does (a lane per Slack thread); the events that may
+        be acknowledged.
 
-        The events of one Slack thread are handled in order (its cards and messages keep
-        their order); those of different threads side by side, up to ``concurrency`` at a
-        time (NOTIFIER_CONCURRENCY). One at a time is the default: a click's own card is
-        updated by its handler, and on a busy web process more notifier tasks took the event
-        loop from the clicks (the Slack bench on 2 cores: ack p99 at 100 clicks/s 41 ms with
-        1, 64 with 4, 254 with 16). Raise it where Slack's latency, not CPU, holds the
-        notifier back (each event waits on the Web API).
-
-        A card or root message that a later event of the batch updates again is updated
-        once, by that later event: every update renders the current state from Redis, so
-        the last one shows everything before it. A web process that falls behind thus does
-        less work per event instead of more (a click's ``gate.decided`` and its
-        ``tool.executed`` often arrive together then). If that later event fails, it is
-        delivered again and its update still shows both.
+        A card or root message that a later event of its thread, already read, updates
+        again is updated once, by that later event: every update renders the current state
+        from Redis, so the last one shows everything before it. A web process that falls
+        behind thus does less work per event instead of more (a click's ``gate.decided``
+        and its ``tool.executed`` often arrive together then). If that later event fails,
+        it is delivered again and its update still shows both.
         """
-        gates = [_gate_shown(e) for e in events]
-        runs = [_run_shown(e) for e in events]
-        ok = [False] * len(events)
+        ok: set[str] = set()
 
-        async def in_order(indexes: list[int]) -> None:
-            for i in indexes:
-                skip_gate = gates[i] is not None and gates[i] in gates[i + 1 :]
-                skip_run = runs[i] is not None and runs[i] in runs[i + 1 :]
-                ok[i] = await self.handle_safely(events[i], skip_gate=skip_gate, skip_run=skip_run)
+        def done(event: Event, success: bool) -> None:
+            if success:
+                ok.add(event.id)
 
-        if self.concurrency == 1:  # the stream's order, and no task per thread
-            await in_order(list(range(len(events))))
-        else:
-            threads: dict[str, list[int]] = {}
-            for i, event in enumerate(events):
-                threads.setdefault(_thread_of(event), []).append(i)
-            slots = asyncio.Semaphore(self.concurrency)
-
-            async def thread(indexes: list[int]) -> None:
-                async with slots:
-                    await in_order(indexes)
-
-            await asyncio.gather(*(thread(ix) for ix in threads.values()))
-        return [e for e, done in zip(events, ok, strict=True) if done]
+        lanes = _Lanes(self, asyncio.Semaphore(self.concurrency), done, asyncio.Event())
+        try:
+            lanes.add(events)
+            await lanes.drain()
+        finally:
+            await lanes.close()
+        return [e for e in events if e.id in ok]
 
     async def handle_safely(
         self, event: Event, *, skip_gate: bool = False, skip_run: bool = False
     ) -> bool:
         """Handle one event; ``True`` when it may be acknowledged."""
+        return await self._attempt(event, skip_gate=skip_gate, skip_run=skip_run) is True
+
+    async def _attempt(
+        self, event: Event, *, skip_gate: bool = False, skip_run: bool = False
+    ) -> bool | float:
+        """Handle one event: ``True`` when it may be acknowledged, ``False`` when it must be
+        delivered again, or the seconds Slack asked us to wait before trying it again."""
         try:
             await self.handle(event, skip_gate=skip_gate, skip_run=skip_run)
+        except RateLimited as exc:
+            log.info(
+                "event %s (%s) waits %.0f s: %s", event.id, event.type.value, exc.retry_after, exc
+            )
+            return exc.retry_after
         except (TransientSlackError, LockBusy, RedisError, OSError) as exc:
             log.warning("event %s (%s) will be retried: %s", event.id, event.type.value, exc)
             return False
@@ -216,12 +263,15 @@ class Notifier:
         elif t in (EventType.RUN_STARTED, EventType.RUN_CONTINUED):
             await self._show_run(event.run_id, skip_run)
         elif t is EventType.RUN_COMPLETED:
-            texts = cards.answer_messages(str(data.get("final") or ""))
             # A continued run answers once per continuation (turns_from tells them apart).
             leg = _int(data.get("turns_from"))
+            outcomes = await answers.leg_outcomes(self.gateway, self.store, event.run_id, leg)
+            post = answers.answer_post(
+                str(data.get("final") or ""), event.run_id, answers.heading(outcomes)
+            )
             marker = f"final-{leg}" if leg else "final"
             await self.publisher.post_in_thread(
-                event.run_id, origin, marker, texts, show_run=not skip_run
+                event.run_id, origin, marker, post.texts, show_run=not skip_run, file=post.file
             )
         elif t is EventType.RUN_FAILED:
             retry = None
@@ -324,6 +374,162 @@ class Notifier:
         text = cards.tool_message(str(data.get("tool") or "tool"), ok, in_doubt)
         marker = f"tool:{data.get('call_id') or ''}"
         await self.publisher.post_in_thread(run_id, origin, marker, [text])
+
+
+class _Lane:
+    """One Slack thread's events, in order, and how many of them update each card and root
+    message (the first one's update is left to a later one, see Notifier.handle_batch)."""
+
+    def __init__(self) -> None:
+        self.events: deque[Event] = deque()
+        self.shown: dict[str, int] = {}
+
+    def push(self, event: Event) -> None:
+        self.events.append(event)
+        for name in _shown(event):
+            self.shown[name] = self.shown.get(name, 0) + 1
+
+    def pop(self) -> Event:
+        event = self.events.popleft()
+        for name in _shown(event):
+            self.shown[name] -= 1
+        return event
+
+    def updated_later(self, event: Event) -> tuple[bool, bool]:
+        """Whether a later event of the lane updates ``event``'s card, and its root message."""
+        gate, run = _gate_shown(event), _run_shown(event)
+        return (
+            gate is not None and self.shown.get(f"gate:{gate}", 0) > 1,
+            run is not None and self.shown.get(f"run:{run}", 0) > 1,
+        )
+
+
+class _Lanes:
+    """A lane per Slack thread: its events handled in order, one at a time; lanes side by
+    side, at most ``slots`` of them handling an event at the same moment. An event Slack
+    answers with a 429 waits out its Retry-After without a slot and is tried again (up to
+    RATE_LIMIT_RETRIES times; once stopping, not at all): the other lanes go on meanwhile.
+    ``done(event, ok)`` is called as each event is done (``ok``: it may be acknowledged)."""
+
+    def __init__(
+        self,
+        notifier: Notifier,
+        slots: asyncio.Semaphore,
+        done: Callable[[Event, bool], None],
+        stop: asyncio.Event,
+    ) -> None:
+        self.notifier = notifier
+        self.slots = slots
+        self.done = done
+        self.stop = stop
+        self._lanes: dict[str, _Lane] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._held: dict[str, tuple[float, Event]] = {}  # id → (when read, event)
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._room = asyncio.Event()
+
+    @property
+    def held(self) -> int:
+        """Events read and not done yet."""
+        return len(self._held)
+
+    def held_since(self, before: float) -> list[Event]:
+        """The held events read before ``before`` (``time.monotonic``)."""
+        return [e for at, e in self._held.values() if at <= before]
+
+    def add(self, events: list[Event]) -> None:
+        for event in events:
+            if event.id in self._held:
+                continue  # already in a lane (claimed back from this very consumer)
+            self._held[event.id] = (time.monotonic(), event)
+            key = _thread_of(event)
+            lane = self._lanes.get(key)
+            if lane is None:
+                lane = self._lanes[key] = _Lane()
+            lane.push(event)
+            if key not in self._tasks:
+                self._idle.clear()
+                self._tasks[key] = asyncio.create_task(self._run(key, lane))
+
+    async def drain(self) -> None:
+        """Until every lane is done."""
+        await self._idle.wait()
+
+    async def wait_for_room(self, timeout: float) -> None:
+        self._room.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._room.wait(), timeout)
+
+    async def close(self) -> None:
+        """Cancel the lanes still running (their events stay pending)."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self, key: str, lane: _Lane) -> None:
+        try:
+            with raising_rate_limits():
+                while lane.events:
+                    event = lane.events[0]
+                    ok = await self._one(event, lane)
+                    lane.pop()
+                    self._held.pop(event.id, None)
+                    self._room.set()
+                    self.done(event, ok)
+        finally:
+            # Cancelled (or broken): what is left stays pending in Redis, untouched from now
+            # on, and is delivered again.
+            for event in lane.events:
+                self._held.pop(event.id, None)
+            self._lanes.pop(key, None)
+            self._tasks.pop(key, None)
+            if not self._tasks:
+                self._idle.set()
+
+    async def _one(self, event: Event, lane: _Lane) -> bool:
+        for attempt in range(RATE_LIMIT_RETRIES + 1):
+            skip_gate, skip_run = lane.updated_later(event)
+            async with self.slots:
+                result = await self.notifier._attempt(event, skip_gate=skip_gate, skip_run=skip_run)
+            if isinstance(result, bool):
+                return result
+            if self.stop.is_set() or attempt == RATE_LIMIT_RETRIES:
+                break
+            await _sleep_or_stop(self.stop, result)
+        log.warning(
+            "event %s (%s) left pending: Slack keeps rate-limiting", event.id, event.type.value
+        )
+        return False
+
+
+async def _ack(source: EventConsumerLike, acks: list[Event]) -> None:
+    """Acknowledge (and forget) the events in ``acks``; on failure they stay pending in Redis
+    and are delivered again."""
+    if not acks:
+        return
+    batch = acks[:]
+    del acks[:]
+    try:
+        await source.ack_many(batch)
+    except Exception as exc:  # Redis, or the client's state: the acknowledging goes on
+        log.warning("ack of %d event(s) failed: %s", len(batch), type(exc).__name__)
+
+
+async def _touch(source: EventConsumerLike, events: list[Event]) -> None:
+    """Tell the group these events are still being worked on (their idle time starts again)."""
+    if not events:
+        return
+    try:
+        await source.touch_many(events)
+    except Exception as exc:  # as for _ack
+        log.warning("touching %d held event(s) failed: %s", len(events), type(exc).__name__)
+
+
+def _shown(event: Event) -> list[str]:
+    gate, run = _gate_shown(event), _run_shown(event)
+    return [n for n in (gate and f"gate:{gate}", run and f"run:{run}") if n]
 
 
 def _thread_of(event: Event) -> str:

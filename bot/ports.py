@@ -18,6 +18,8 @@ class EventConsumerLike(Protocol):
 
     async def ack_many(self, events: list[Event]) -> Any: ...
 
+    async def touch_many(self, events: list[Event]) -> Any: ...
+
 
 class GatewayLike(Protocol):
     async def start_run(

@@ -11,26 +11,38 @@ metadata, and a process that finds an intent without a card looks for the messag
 (``conversations.replies``/``conversations.history`` with ``include_all_metadata``) and
 adopts it instead of posting another. Every message found for a gate is kept, and every
 update goes to all of them, so none keeps live buttons after the gate is decided.
+
+Rate limits: by default the Web API client waits out a 429 (``Retry-After``) and tries again.
+Within :func:`raising_rate_limits` (the notifier's tasks) a 429 raises :class:`RateLimited`
+at once instead, so that the caller can wait without holding up other work: the notifier
+lets the other Slack threads go on meanwhile.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
-from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
+from slack_sdk.http_retry.builtin_async_handlers import (
+    AsyncConnectionErrorRetryHandler,
+    AsyncRateLimitErrorRetryHandler,
+)
 from slack_sdk.web.async_client import AsyncWebClient
 
+from agent_core import metrics
 from agent_core.gateway import valid_gate_id, valid_run_id
 from agent_core.models import Gate, GateStatus, Run
 
 from . import cards
+from .answers import Attachment, no_file_message
 from .ports import GatewayLike
 from .store import (
     CARD_NS,
@@ -67,6 +79,46 @@ MAX_RUN_DEPTH = 32
 
 class TransientSlackError(Exception):
     """Slack could not be reached or asked us to come back later."""
+
+
+class RateLimited(TransientSlackError):
+    """Slack answered 429: try again in ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+# Set in a task whose Web API calls should raise RateLimited on a 429 instead of waiting.
+_RAISE_RATE_LIMITS: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "raise_rate_limits", default=False
+)
+
+
+@contextlib.contextmanager
+def raising_rate_limits() -> Iterator[None]:
+    """Within this block (in this task), a 429 raises :class:`RateLimited` at once."""
+    token = _RAISE_RATE_LIMITS.set(True)
+    try:
+        yield
+    finally:
+        _RAISE_RATE_LIMITS.reset(token)
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """The seconds a 429 asks us to wait (at least 1), or None if ``exc`` is not one."""
+    if not isinstance(exc, SlackApiError) or exc.response is None:
+        return None
+    if exc.response.status_code != 429:
+        return None
+    headers = exc.response.headers or {}
+    raw = headers.get("Retry-After") or headers.get("retry-after") or "1"
+    if isinstance(raw, list):
+        raw = raw[0] if raw else "1"
+    try:
+        return max(1.0, float(raw))
+    except (TypeError, ValueError):
+        return 1.0
 
 
 def slack_error(exc: BaseException) -> str:
@@ -147,22 +199,35 @@ class Publisher:
         self.client = client
         self.command = command
         self._bot_id: str | None = None
-        # Cards are posted without the client's retry on connection errors: a post Slack
-        # carried out whose answer was lost would be posted twice, and the first card would
-        # keep live buttons. The event is retried instead, and the retry adopts the card
-        # (see the "posting" mark).
-        self._poster = type(client)(
-            token=client.token,
-            base_url=client.base_url,
-            timeout=client.timeout,
-            session=client.session,
-            headers=client.headers,
-            retry_handlers=[
-                h
-                for h in client.retry_handlers
-                if not isinstance(h, AsyncConnectionErrorRetryHandler)
-            ],
-        )
+        self._clients: dict[tuple[bool, bool], AsyncWebClient] = {}
+
+    def _client(self, post: bool = False) -> AsyncWebClient:
+        """The client for a call. ``post``: without the retry on connection errors (cards and
+        messages: a post Slack carried out whose answer was lost would be posted twice, and
+        a first card would keep live buttons; the event is retried instead, and the retry
+        adopts the card, see the "posting" mark). Within :func:`raising_rate_limits`, also
+        without the wait on 429. Made when first needed, with the client's session then."""
+        raising = _RAISE_RATE_LIMITS.get()
+        if not post and not raising:
+            return self.client
+        made = self._clients.get((post, raising))
+        if made is None or made.session is not self.client.session:
+            dropped: tuple[type, ...] = ()
+            if post:
+                dropped += (AsyncConnectionErrorRetryHandler,)
+            if raising:
+                dropped += (AsyncRateLimitErrorRetryHandler,)
+            client = self.client
+            made = type(client)(
+                token=client.token,
+                base_url=client.base_url,
+                timeout=client.timeout,
+                session=client.session,
+                headers=client.headers,
+                retry_handlers=[h for h in client.retry_handlers if not isinstance(h, dropped)],
+            )
+            self._clients[(post, raising)] = made
+        return made
 
     async def show_gate(self, gate_id: str) -> Gate | None:
         """Post the gate's card, or update it (and any other message showing the gate) to the
@@ -326,10 +391,10 @@ class Publisher:
         cursor = ""
         for _ in range(SEARCH_PAGES):
             try:
-                resp = await getattr(self.client, method)(**args, cursor=cursor or None)
+                resp = await getattr(self._client(), method)(**args, cursor=cursor or None)
             except Exception as exc:
                 if is_transient(exc):
-                    raise TransientSlackError(f"{method}: {slack_error(exc)}") from exc
+                    raise _transient(method, exc) from exc
                 log.warning(
                     "cannot look for the %s message %s posted before (%s): posting it again;"
                     " the earlier one, if any, will not be updated",
@@ -352,9 +417,9 @@ class Publisher:
         """Our bot id (auth.test, once), so that a look-up adopts only our own messages."""
         if self._bot_id is None:
             try:
-                resp = await self.client.auth_test()
+                resp = await self._client().auth_test()
             except Exception as exc:
-                raise TransientSlackError(f"auth.test: {slack_error(exc)}") from exc
+                raise _transient("auth.test", exc) from exc
             self._bot_id = _opt_str(resp.get("bot_id")) or ""
         return self._bot_id or None
 
@@ -409,10 +474,12 @@ class Publisher:
         texts: list[str],
         *,
         show_run: bool = False,
+        file: Attachment | None = None,
     ) -> None:
-        """Post ``texts`` in the run's thread, each at most once (``marker`` names them);
-        then, with ``show_run``, update its root message as :meth:`show_run` does, under
-        the same lock."""
+        """Post ``texts`` in the run's thread, each at most once (``marker`` names them), then
+        share ``file`` there once (when Slack refuses it for good, say so instead); then,
+        with ``show_run``, update its root message as :meth:`show_run` does, under the same
+        lock."""
         channel = _opt_str(origin.get("channel"))
         if not channel or not valid_run_id(run_id, self.store.keys):
             if show_run:
@@ -421,24 +488,66 @@ class Publisher:
         parent = None
         async with self.store.lock(f"run:{run_id}", read=self._run_reads(run_id)) as held:
             posted = held.read[1]
+            thread_ts = _opt_str(origin.get("thread_ts"))
+            done = True
             for i, text in enumerate(texts):
                 part = f"{marker}:{i}"
                 if f"posted:{part}" in posted:
                     continue
                 resp = await self._call(
-                    "chat_postMessage",
-                    channel=channel,
-                    thread_ts=_opt_str(origin.get("thread_ts")),
-                    text=text,
+                    "chat_postMessage", post=True, channel=channel, thread_ts=thread_ts, text=text
                 )
                 if resp is None:
+                    done = False
                     break
                 # At once, not at the release: a part posted is never posted again.
                 await self.store.mark_posted(run_id, part, str(resp.get("ts", "")))
+            if file is not None and done and f"posted:{marker}:file" not in posted:
+                await self._share_file(run_id, marker, posted, channel, thread_ts, file)
             if show_run:
                 parent = await self._show_root(run_id, held)
         if parent is not None:
             await self.show_run(parent)
+
+    async def _share_file(
+        self,
+        run_id: str,
+        marker: str,
+        posted: dict[str, str],
+        channel: str,
+        thread_ts: str | None,
+        file: Attachment,
+    ) -> None:
+        """Upload ``file`` into the thread (files.uploadV2), once; if Slack refuses it for
+        good (no ``files:write`` scope, say), tell the thread instead, once."""
+        try:
+            resp = await self._client(post=True).files_upload_v2(
+                channel=channel,
+                thread_ts=thread_ts,
+                filename=file.filename,
+                title=file.title,
+                content=file.content,
+            )
+        except Exception as exc:
+            if is_transient(exc):
+                raise _transient("files.uploadV2", exc) from exc
+            error = slack_error(exc)
+            log.error("Slack refused the answer's file: %s", error)
+            if f"posted:{marker}:nofile" not in posted:
+                resp = await self._call(
+                    "chat_postMessage",
+                    post=True,
+                    channel=channel,
+                    thread_ts=thread_ts,
+                    text=no_file_message(file.content, error),
+                )
+                if resp is not None:
+                    await self.store.mark_posted(run_id, f"{marker}:nofile", str(resp.get("ts")))
+            await self.store.mark_posted(run_id, f"{marker}:file", f"refused:{error}")
+            return
+        shared = resp.get("file")
+        file_id = shared.get("id") if isinstance(shared, dict) else None
+        await self.store.mark_posted(run_id, f"{marker}:file", str(file_id or "shared"))
 
     async def tell(
         self,
@@ -468,7 +577,7 @@ class Publisher:
     ) -> Any:
         """Send a card; if Slack refuses its size or shape, send the compact one instead
         (rendered only then)."""
-        client = self._poster if method == "chat_postMessage" else self.client
+        client = self._client(post=method == "chat_postMessage")
         try:
             return await getattr(client, method)(text=card.text, blocks=card.blocks, **kwargs)
         except Exception as exc:
@@ -481,21 +590,32 @@ class Publisher:
         except Exception as exc:
             return self._failed(method, exc)
 
-    async def _call(self, method: str, **kwargs: Any) -> Any:
+    async def _call(self, method: str, *, post: bool = False, **kwargs: Any) -> Any:
         """Call the Web API; ``None`` for a permanent failure (logged), raise if transient.
 
-        Rate limits and connection errors were already retried by the client's handlers.
+        Rate limits and connection errors were already retried by the client's handlers
+        (except as :meth:`_client` says).
         """
         try:
-            return await getattr(self.client, method)(**kwargs)
+            return await getattr(self._client(post), method)(**kwargs)
         except Exception as exc:
             return self._failed(method, exc)
 
     def _failed(self, method: str, exc: Exception) -> None:
         if is_transient(exc):
-            raise TransientSlackError(f"{method}: {slack_error(exc)}") from exc
+            raise _transient(method, exc) from exc
         log.error("Slack refused %s: %s", method, slack_error(exc))
         return None
+
+
+def _transient(method: str, exc: BaseException) -> TransientSlackError:
+    """The error to raise for a transient failure: :class:`RateLimited` for a 429."""
+    wait = retry_after(exc)
+    if wait is None:
+        return TransientSlackError(f"{method}: {slack_error(exc)}")
+    if _RAISE_RATE_LIMITS.get():  # not counted by the client's handler, which is left out
+        metrics.SLACK_RATE_LIMITED.labels(metrics.label(method.replace("_", "."))).inc()
+    return RateLimited(f"{method}: {slack_error(exc)} (retry after {wait:.0f} s)", wait)
 
 
 def _ts_order(ts: str) -> tuple[float, str]:

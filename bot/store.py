@@ -267,6 +267,17 @@ class Store:
     async def mark_posted(self, run_id: str, marker: str, ts: str) -> None:
         await self._hset(self.run_key(run_id), {f"posted:{marker}": ts})
 
+    async def children_since(self, run_id: str, turn: int) -> list[str]:
+        """The run's sub-agent runs started by its turns after ``turn`` (core keys, read only)."""
+        kids = sorted(await self.redis.smembers(self.keys.children(run_id)))
+        if not kids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for kid in kids:
+                pipe.hget(self.keys.run(kid), "parent_turn")
+            turns = await pipe.execute()
+        return [k for k, t in zip(kids, turns, strict=True) if t and t.isdigit() and int(t) > turn]
+
     async def first_time(self, namespace: str, ident: str, ttl_seconds: int = 600) -> bool:
         """True the first time ``ident`` is seen in ``namespace`` within ``ttl_seconds``."""
         key = self.keys.ext(namespace, ident, self.keys.shard_for(ident))

@@ -5,8 +5,10 @@ loop, on a free port of 127.0.0.1). Point ``SLACK_API_URL`` at :attr:`FakeSlack.
 it serves in-process code and ``python -m bot`` subprocesses alike. It records every call
 with its arguments (blocks and views parsed), keeps the messages it was asked to post and
 update (so a test can look at a card as a user would see it), checks Block Kit with
-``slack_sdk.models.blocks`` and answers ``invalid_blocks`` like Slack, and can inject
-HTTP 429 (with ``Retry-After``) or ``ok: false`` errors for the next calls of a method, or
+``slack_sdk.models.blocks`` and answers ``invalid_blocks`` like Slack, keeps uploaded files
+(``files_upload_v2``), enforces Slack's posting limit when asked (:meth:`FakeSlack.limit_posts`:
+about one ``chat.postMessage`` a second per channel, else HTTP 429 with ``Retry-After``), and
+can inject HTTP 429 (with ``Retry-After``) or ``ok: false`` errors for the next calls of a method, or
 :meth:`FakeSlack.hold` the answers of calls it has carried out (a caller killed while it
 waits has had its message posted, and never learns where). The Web API methods it serves
 are in :mod:`bot.testing_api`; those of assistant threads, and the person's side of such a
@@ -33,14 +35,15 @@ import aiohttp
 from aiohttp import web
 
 from agent_core.testing.server import ThreadedServer
-from playground.wire import read_args, sign
+from playground.wire import UPLOAD_PATH, PostRateLimit, read_args, read_upload, sign
 
-from .testing_api import MAX_BLOCKS_CHARS, SlackMessage, WebApiMethods
+from .testing_api import MAX_BLOCKS_CHARS, FakeFile, SlackMessage, WebApiMethods
 from .testing_api import _blocks_problem as _blocks_problem  # tests/bot/test_cards.py
 from .testing_assistant import AssistantSide
 
 __all__ = [
     "MAX_BLOCKS_CHARS",
+    "FakeFile",
     "FakeSlack",
     "HttpResult",
     "SlackCall",
@@ -59,6 +62,7 @@ class SlackCall:
     token: str | None
     status: int
     response: dict[str, Any]
+    at: float = field(default_factory=time.time)  # when the fake answered it
 
     @property
     def ok(self) -> bool:
@@ -70,6 +74,7 @@ class _Fault:
     status: int
     error: str
     retry_after: float | None
+    when: Callable[[dict[str, Any]], bool] | None = None
 
 
 @dataclass
@@ -114,6 +119,8 @@ class FakeSlack(AssistantSide, WebApiMethods, ThreadedServer):
         self._users: dict[str, str] = {}
         self._handles: dict[str, str] = {}
         self._statuses: dict[tuple[str, str], str] = {}
+        self._files: dict[str, FakeFile] = {}
+        self._post_limit: PostRateLimit | None = None
 
     # ------------------------------------------------------------------ routes
     def make_app(self) -> web.Application:
@@ -121,6 +128,8 @@ class FakeSlack(AssistantSide, WebApiMethods, ThreadedServer):
         app = web.Application()
         app.router.add_route("*", "/api/{method}", self._handle_api)
         app.router.add_post("/respond/{name}", self._handle_respond)
+        app.router.add_post(UPLOAD_PATH + "{key}", self._handle_upload)
+        app.router.add_get("/files/{file_id}/{name}", self._handle_file)
         app.router.add_get("/socket", self._handle_socket)
         return app
 
@@ -154,6 +163,8 @@ class FakeSlack(AssistantSide, WebApiMethods, ThreadedServer):
             self._users.clear()
             self._handles.clear()
             self._statuses.clear()
+            self._files.clear()
+            self._post_limit = None
 
     def fail_next(
         self,
@@ -163,10 +174,20 @@ class FakeSlack(AssistantSide, WebApiMethods, ThreadedServer):
         status: int = 429,
         retry_after: float | None = 1,
         error: str = "ratelimited",
+        when: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
-        """Answer the next ``n`` calls of ``method`` with HTTP ``status`` (429: rate limited)."""
+        """Answer the next ``n`` calls of ``method`` (those whose arguments satisfy ``when``)
+        with HTTP ``status`` (429: rate limited)."""
+        fault = _Fault(status, error, retry_after, when)
         with self._lock:
-            self._faults.setdefault(method, []).extend([_Fault(status, error, retry_after)] * n)
+            self._faults.setdefault(method, []).extend([fault] * n)
+
+    def limit_posts(self, per_second: float = 1.0, burst: int = 1) -> None:
+        """Enforce Slack's posting limit from now on (until :meth:`reset`): ``chat.postMessage``
+        about once a second per channel, short bursts allowed; a post over it is answered
+        HTTP 429 ``ratelimited`` with ``Retry-After``, and not carried out."""
+        with self._lock:
+            self._post_limit = PostRateLimit(per_second, burst)
 
     def error_next(self, method: str, error: str, n: int = 1) -> None:
         """Answer the next ``n`` calls of ``method`` with ``{"ok": false, "error": error}``."""
@@ -245,6 +266,12 @@ class FakeSlack(AssistantSide, WebApiMethods, ThreadedServer):
         with self._lock:
             return list(self._messages.values())
 
+    @property
+    def files(self) -> list[FakeFile]:
+        """Every file the bot uploaded (shared or not), in upload order."""
+        with self._lock:
+            return list(self._files.values())
+
     def message(self, channel: str, ts: str) -> SlackMessage | None:
         with self._lock:
             return self._messages.get((channel, ts))
@@ -283,6 +310,25 @@ class FakeSlack(AssistantSide, WebApiMethods, ThreadedServer):
         return body
 
     # ------------------------------------------------------------------ handlers
+    async def _handle_upload(self, request: web.Request) -> web.Response:
+        """An upload URL from files.getUploadURLExternal: Slack answers 200 with a short text."""
+        data = await read_upload(request, 1 << 30)
+        key = request.match_info["key"]
+        ok = data is not None and self.uploaded(key, data)
+        self._record(SlackCall(f"upload:{key.split('.', 1)[0]}", {}, None, 200 if ok else 404, {}))
+        if not ok:
+            return web.Response(status=404, text="upload_url_not_found")
+        return web.Response(text=f"OK - {len(data or b'')}")
+
+    async def _handle_file(self, request: web.Request) -> web.Response:
+        """A shared file's ``url_private``: its bytes (Slack asks for the bot token)."""
+        auth = request.headers.get("Authorization", "")
+        with self._lock:
+            found = self._files.get(request.match_info["file_id"])
+        if auth != f"Bearer {self.token}" or found is None or not found.completed:
+            return web.Response(status=404)
+        return web.Response(body=found.data or b"", content_type="text/plain")
+
     async def _handle_respond(self, request: web.Request) -> web.Response:
         try:
             args = await request.json()
@@ -298,8 +344,15 @@ class FakeSlack(AssistantSide, WebApiMethods, ThreadedServer):
         auth = request.headers.get("Authorization", "")
         token = auth[7:] if auth.lower().startswith("bearer ") else args.get("token")
         with self._lock:
-            queue = self._faults.get(method)
-            fault = queue.pop(0) if queue else None
+            queue = self._faults.get(method) or []
+            fault = next((f for f in queue if f.when is None or f.when(args)), None)
+            if fault is not None:
+                queue.remove(fault)
+            limit = self._post_limit if method == "chat.postMessage" else None
+        if fault is None and limit is not None and token == self.token:
+            wait = limit.take(str(args.get("channel") or ""))
+            if wait is not None:
+                fault = _Fault(429, "ratelimited", wait)
         if fault is not None and fault.status != 200:
             headers = {}
             if fault.retry_after is not None:

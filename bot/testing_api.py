@@ -12,24 +12,33 @@ Message metadata follows Slack: ``chat.postMessage`` (and ``chat.update``) take
 ``include_all_metadata=true``. Both read methods page with ``limit`` and an opaque
 ``cursor`` (``response_metadata.next_cursor``), and filter on ``oldest``/``latest``
 (exclusive unless ``inclusive``).
+
+Files go up as slack_sdk's ``files_upload_v2`` sends them: ``files.getUploadURLExternal``
+(``filename``, ``length``) gives a file id and an upload URL, the bytes are POSTed there, and
+``files.completeUploadExternal`` (``files=[{"id", "title"}]``, ``channel_id``, ``thread_ts``,
+``initial_comment``) shares them: a message with the file in ``files`` appears in the channel
+or thread. A file never uploaded, or completed twice, is ``file_not_found``.
 """
 
 from __future__ import annotations
 
 import itertools
+import secrets
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from playground.wire import MAX_BLOCKS_CHARS, MAX_PAGE
+from playground.wire import MAX_BLOCKS_CHARS, MAX_PAGE, UPLOAD_PATH, file_object
 from playground.wire import blocks_problem as _blocks_problem
+from playground.wire import complete_files as _complete_files
 from playground.wire import cursor as _cursor
 from playground.wire import cursor_offset as _cursor_offset
 from playground.wire import metadata_problem as _metadata_problem
 from playground.wire import truthy as _truthy
+from playground.wire import upload_url_problem as _upload_url_problem
 
-__all__ = ["MAX_BLOCKS_CHARS", "MAX_PAGE", "SlackMessage", "WebApiMethods"]
+__all__ = ["MAX_BLOCKS_CHARS", "MAX_PAGE", "FakeFile", "SlackMessage", "WebApiMethods"]
 APP_ID = "A0APP"
 BOT_ID = "B0BOT"
 
@@ -47,6 +56,28 @@ class SlackMessage:
     metadata: dict[str, Any] | None = None
     user: str = ""
     bot_id: str | None = None
+    files: list[dict[str, Any]] = field(default_factory=list)  # shared files (an upload)
+
+
+@dataclass
+class FakeFile:
+    """A file uploaded with files.getUploadURLExternal, its bytes, and where it was shared."""
+
+    id: str
+    filename: str
+    length: int
+    key: str  # the secret part of its upload URL
+    data: bytes | None = None  # None until uploaded
+    title: str = ""
+    completed: bool = False
+    channel: str | None = None
+    thread_ts: str | None = None
+    ts: str | None = None  # the message that shares it
+
+    @property
+    def text(self) -> str:
+        """The content as text (UTF-8)."""
+        return (self.data or b"").decode("utf-8", "replace")
 
 
 class WebApiMethods:
@@ -61,6 +92,11 @@ class WebApiMethods:
     _unreachable_channels: dict[str, str]
     _ts: itertools.count[int]
     _last_ts: float
+    _files: dict[str, FakeFile]
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
 
     def _next_ts(self) -> str:
         """A message timestamp as Slack makes them: unix time, unique and increasing."""
@@ -221,10 +257,83 @@ class WebApiMethods:
         elif replies:
             out["thread_ts"] = msg.ts
             out["reply_count"] = replies
+        if msg.files:
+            out["files"] = msg.files
+            out["upload"] = True
         if msg.updates:
             out["edited"] = {"user": msg.user, "ts": msg.ts}
         if with_metadata and msg.metadata:
             out["metadata"] = msg.metadata
+        return out
+
+    # ------------------------------------------------------------------ files
+    def _api_files_getUploadURLExternal(self, args: dict[str, Any]) -> dict[str, Any]:
+        problem = _upload_url_problem(args)
+        if problem:
+            return {"ok": False, "error": problem}
+        file_id = f"F{next(self._ts):09d}"
+        key = f"{file_id}.{secrets.token_urlsafe(12)}"
+        with self._lock:
+            self._files[file_id] = FakeFile(
+                file_id, str(args["filename"]), int(str(args["length"])), key
+            )
+        return {"ok": True, "upload_url": self.url + UPLOAD_PATH + key, "file_id": file_id}
+
+    def uploaded(self, key: str, data: bytes) -> bool:
+        """The bytes POSTed to an upload URL; False for a URL we never gave (or used)."""
+        with self._lock:
+            found = self._files.get(key.split(".", 1)[0])
+            if found is None or found.key != key or found.completed:
+                return False
+            found.data = data
+            return True
+
+    def _api_files_completeUploadExternal(self, args: dict[str, Any]) -> dict[str, Any]:
+        wanted = _complete_files(args)
+        if wanted is None:
+            return {"ok": False, "error": "invalid_arguments"}
+        channel = args.get("channel_id") or args.get("channels") or None
+        if channel is not None:
+            problem = self._channel_problem({"channel": channel})
+            if problem:
+                return {"ok": False, "error": problem}
+        with self._lock:
+            found = [self._files.get(w["id"]) for w in wanted]
+            if any(f is None or f.data is None or f.completed for f in found):
+                return {"ok": False, "error": "file_not_found"}
+        shared: list[FakeFile] = [f for f in found if f is not None]
+        for f, w in zip(shared, wanted, strict=True):
+            f.title, f.completed = w["title"] or f.filename, True
+        out = {"ok": True, "files": [{"id": f.id, "title": f.title} for f in shared]}
+        if channel is None:
+            return out  # private: not shared anywhere
+        ts = self._next_ts()
+        thread_ts = args.get("thread_ts") or None
+        msg = SlackMessage(
+            channel=str(channel),
+            ts=ts,
+            text=str(args.get("initial_comment") or ""),
+            blocks=[],
+            thread_ts=thread_ts,
+            user=self.bot_user_id,
+            bot_id=BOT_ID,
+            files=[
+                file_object(
+                    f.id,
+                    f.filename,
+                    f.title,
+                    len(f.data or b""),
+                    f"{self.url}/files/{f.id}/{f.filename}",
+                    time.time(),
+                    self.bot_user_id,
+                )
+                for f in shared
+            ],
+        )
+        with self._lock:
+            self._messages[(str(channel), ts)] = msg
+            for f in shared:
+                f.channel, f.thread_ts, f.ts = str(channel), thread_ts, ts
         return out
 
     # ------------------------------------------------------------------ modals, groups

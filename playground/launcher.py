@@ -43,9 +43,12 @@ from . import people
 from .outbound import Sender
 from .server import PageInfo, Playground, bot_events
 from .store import Store
+from .wire import PostRateLimit
 
 log = logging.getLogger("playground")
 
+# Posts to one channel Slack lets through at once before its ~1 a second applies.
+POST_BURST = 4
 MANIFEST = Path(__file__).resolve().parent.parent / "slack" / "manifest.yml"
 EXAMPLES = [
     "/agent delete user 42",
@@ -184,6 +187,9 @@ async def launch(settings: LaunchSettings) -> int:
         Sender(events_url, secret),
         token,
         info,
+        # Slack's ~1 message a second per channel (short bursts allowed): the bot meets 429s
+        # here as it would in Slack.
+        post_limit=PostRateLimit(per_second=1.0, burst=POST_BURST),
     )
     runner = web.AppRunner(pg.app(), access_log=None, handle_signals=False)
     await runner.setup()

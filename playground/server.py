@@ -3,6 +3,8 @@
 Routes (127.0.0.1 only; who may call them: :mod:`playground.guard`):
 
 - ``/api/{method}``: the Web API the bot calls (:class:`playground.slack_api.WebApi`);
+- ``POST /upload/v1/{key}``: the upload URL ``files.getUploadURLExternal`` hands out, and
+  ``GET /files/{id}/{name}``: a shared file's content (the page links to it);
 - ``POST /respond/{token}``: the ``response_url`` of a slash command or a click;
 - ``GET /``, ``/static/…``: the page (its HTML carries the session token);
 - the page's UI API, JSON, with the session token: ``GET /ui/state``, ``GET /ui/history?as=U&limit=&before=``,
@@ -27,6 +29,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -35,7 +38,16 @@ from .hub import Hub
 from .outbound import Answer, Sender, new_trigger_id
 from .slack_api import WebApi, bot_message, with_block_ids
 from .store import Message, Store
-from .wire import MAX_MESSAGE_BLOCKS, bearer, blocks_detail, read_args, truthy
+from .wire import (
+    MAX_MESSAGE_BLOCKS,
+    UPLOAD_PATH,
+    PostRateLimit,
+    bearer,
+    blocks_detail,
+    read_args,
+    read_upload,
+    truthy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +55,7 @@ STATIC = Path(__file__).parent / "static"
 TOKEN_SLOT = "{{PLAYGROUND_TOKEN}}"  # in index.html: replaced with the session token
 PING_SECONDS = 15.0
 HISTORY_PAGE = 50
+MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -65,10 +78,18 @@ class BadRequest(Exception):
 class Playground:
     """State and handlers of one playground server."""
 
-    def __init__(self, store: Store, sender: Sender, token: str, info: PageInfo) -> None:
+    def __init__(
+        self,
+        store: Store,
+        sender: Sender,
+        token: str,
+        info: PageInfo,
+        post_limit: PostRateLimit | None = None,
+    ) -> None:
+        """``post_limit``: limit chat.postMessage per channel as Slack does (None: no limit)."""
         self.store = store
         self.hub = Hub()
-        self.api = WebApi(store, self.hub, token)
+        self.api = WebApi(store, self.hub, token, post_limit)
         self.sender = sender
         self.info = info
         self.response_base = ""  # http://127.0.0.1:PORT, set once listening
@@ -79,6 +100,15 @@ class Playground:
             (STATIC / "index.html").read_text().replace(TOKEN_SLOT, html.escape(self.session_token))
         )
 
+    @property
+    def response_base(self) -> str:
+        """``http://127.0.0.1:PORT``, set once listening (response and upload URLs use it)."""
+        return self.api.base_url
+
+    @response_base.setter
+    def response_base(self, url: str) -> None:
+        self.api.base_url = url
+
     # ------------------------------------------------------------------ the app
     def app(self) -> web.Application:
         app = web.Application(
@@ -86,6 +116,8 @@ class Playground:
         )
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_post("/respond/{token}", self._respond)
+        app.router.add_post(UPLOAD_PATH + "{key}", self._upload)
+        app.router.add_get("/files/{file_id}/{name}", self._file)
         app.router.add_get("/", self._index)
         app.router.add_static("/static/", STATIC, show_index=False)
         app.router.add_get("/ui/state", self._state)
@@ -107,7 +139,42 @@ class Playground:
     async def _api(self, request: web.Request) -> web.Response:
         args = await read_args(request)
         method = request.match_info["method"]
-        return web.json_response(await self.api.call(method, args, bearer(request, args)))
+        out = await self.api.call(method, args, bearer(request, args))
+        wait = out.pop("_retry_after", None)
+        if wait is not None:
+            return web.json_response(out, status=429, headers={"Retry-After": str(wait)})
+        return web.json_response(out)
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        """An upload URL: Slack answers 200 with a short text."""
+        data = await read_upload(request, MAX_UPLOAD_BYTES)
+        if data is None:
+            return web.Response(status=413, text="file_too_large")
+        if not await self.api.upload(request.match_info["key"], data):
+            return web.Response(status=404, text="upload_url_not_found")
+        return web.Response(text=f"OK - {len(data)}")
+
+    async def _file(self, request: web.Request) -> web.Response:
+        """A shared file, as text when it is (the page opens it in a tab)."""
+        found = await self.store.file_content(request.match_info["file_id"])
+        if found is None:
+            raise web.HTTPNotFound()
+        name, data = found
+        try:
+            data.decode("utf-8")
+            ctype = "text/plain"
+        except UnicodeDecodeError:
+            ctype = "application/octet-stream"
+        disposition = "inline" if ctype == "text/plain" else "attachment"
+        return web.Response(
+            body=data,
+            content_type=ctype,
+            charset="utf-8" if ctype == "text/plain" else None,
+            headers={
+                "Content-Disposition": f"{disposition}; filename*=UTF-8''{quote(name)}",
+                "X-Content-Type-Options": "nosniff",
+            },
+        )
 
     async def _respond(self, request: web.Request) -> web.Response:
         ctx = await self.store.use_response_url(request.match_info["token"])

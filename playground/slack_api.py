@@ -5,6 +5,11 @@ arguments and returns the JSON body Slack would answer with; what changed is sto
 (:mod:`playground.store`) and published to the page (:mod:`playground.hub`). A refused call
 (``invalid_blocks``, ``expired_trigger_id``…) is also shown on the page, with the reason, as
 Slack would show it to the developer: the bot itself sees only the error code.
+
+With a :class:`~playground.wire.PostRateLimit`, ``chat.postMessage`` is limited per channel as
+Slack limits it (HTTP 429 with ``Retry-After``). Files are uploaded as ``files_upload_v2`` does
+(``files.getUploadURLExternal``, a POST to the upload URL, ``files.completeUploadExternal``)
+and shown on the page as an attachment that links to the content.
 """
 
 from __future__ import annotations
@@ -12,8 +17,10 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 from . import people
 from .hub import Hub
@@ -23,12 +30,17 @@ from .wire import (
     MAX_MESSAGE_BLOCKS,
     MAX_PAGE,
     MAX_VIEW_BLOCKS,
+    UPLOAD_PATH,
+    PostRateLimit,
     assistant_problem,
     blocks_detail,
+    complete_files,
     cursor,
     cursor_offset,
+    file_object,
     metadata_problem,
     truthy,
+    upload_url_problem,
 )
 
 log = logging.getLogger(__name__)
@@ -46,10 +58,14 @@ def _fail(error: str, detail: str = "") -> dict[str, Any]:
 class WebApi:
     """The Web API (see the module docstring)."""
 
-    def __init__(self, store: Store, hub: Hub, token: str) -> None:
+    def __init__(
+        self, store: Store, hub: Hub, token: str, post_limit: PostRateLimit | None = None
+    ) -> None:
         self.store = store
         self.hub = hub
         self.token = token
+        self.post_limit = post_limit
+        self.base_url = ""  # http://127.0.0.1:PORT once listening (upload URLs point there)
         # The assistant status line of each thread, (channel, thread_ts) → status: the bot
         # sets one only for runs from an assistant thread, which the playground has none of.
         self.statuses: dict[tuple[str, str], str] = {}
@@ -60,6 +76,9 @@ class WebApi:
             out = _fail("not_authed")
         elif not secrets.compare_digest(token, self.token):
             out = _fail("invalid_auth")
+        elif (wait := self._over_limit(method, args)) is not None:
+            # Answered HTTP 429 with Retry-After (see the server); the bot waits and retries.
+            return {"ok": False, "error": "ratelimited", "_retry_after": wait}
         else:
             handler: Handler | None = getattr(self, "_api_" + method.replace(".", "_"), None)
             if handler is None:
@@ -72,6 +91,11 @@ class WebApi:
             log.warning("Web API call refused: %s", text)
             self.hub.publish("notice", {"level": "error", "text": text})
         return out
+
+    def _over_limit(self, method: str, args: dict[str, Any]) -> int | None:
+        if self.post_limit is None or method != "chat.postMessage":
+            return None
+        return self.post_limit.take(str(args.get("channel") or ""))
 
     # ------------------------------------------------------------------ presenting
     async def present(self, msg: Message) -> dict[str, Any]:
@@ -94,6 +118,17 @@ class WebApi:
             "latest_reply": latest,
             "ephemeral": msg.ephemeral_to is not None,
             "updated": msg.updated,
+            # The page links to the playground's copy (url_private needs the bot token).
+            "files": [
+                {
+                    "id": f.get("id"),
+                    "name": f.get("name"),
+                    "title": f.get("title"),
+                    "size": f.get("size"),
+                    "url": f"/files/{f.get('id')}/{quote(str(f.get('name')), safe='')}",
+                }
+                for f in msg.files
+            ],
         }
 
     async def announce(self, msg: Message) -> None:
@@ -128,6 +163,9 @@ class WebApi:
             out["blocks"] = msg.blocks
         if msg.thread_ts:
             out["thread_ts"] = msg.thread_ts
+        if msg.files:
+            out["files"] = msg.files
+            out["upload"] = True
         if msg.updated:
             out["edited"] = {"user": msg.user, "ts": msg.ts}
         if with_metadata and msg.metadata:
@@ -363,6 +401,55 @@ class WebApi:
 
     async def _api_assistant_threads_setTitle(self, args: dict[str, Any]) -> dict[str, Any]:
         return await self._assistant_call("assistant.threads.setTitle", args) or {"ok": True}
+
+    # ------------------------------------------------------------------ files
+    async def _api_files_getUploadURLExternal(self, args: dict[str, Any]) -> dict[str, Any]:
+        if (problem := upload_url_problem(args)) is not None:
+            return _fail(problem, "files.getUploadURLExternal takes a filename and a length")
+        file_id = "F" + secrets.token_hex(5).upper()
+        key = f"{file_id}.{secrets.token_urlsafe(12)}"
+        await self.store.new_file(file_id, key, str(args["filename"]), int(str(args["length"])))
+        return {"ok": True, "upload_url": self.base_url + UPLOAD_PATH + key, "file_id": file_id}
+
+    async def upload(self, key: str, data: bytes) -> bool:
+        """The bytes POSTed to an upload URL; False for a URL never given (or already used)."""
+        return await self.store.upload_file(key.split(".", 1)[0], key, data)
+
+    async def _api_files_completeUploadExternal(self, args: dict[str, Any]) -> dict[str, Any]:
+        wanted = complete_files(args)
+        if wanted is None:
+            return _fail("invalid_arguments", "files must be a JSON array of {id, title}")
+        channel = args.get("channel_id") or args.get("channels") or None
+        if channel is not None and channel != people.CHANNEL_ID:
+            return _fail("channel_not_found", f"no channel {str(channel)[:40]!r} here")
+        shared: list[dict[str, Any]] = []
+        for w in wanted:
+            found = await self.store.share_file(w["id"], w["title"])
+            if found is None:
+                return _fail("file_not_found", f"{w['id']} was not uploaded (or already shared)")
+            url = f"{self.base_url}/files/{w['id']}/{quote(found['name'], safe='')}"
+            shared.append(
+                file_object(
+                    w["id"],
+                    found["name"],
+                    found["title"],
+                    int(found["size"]),
+                    url,
+                    time.time(),
+                    people.BOT_USER_ID,
+                )
+            )
+        if channel is not None:
+            msg = bot_message(
+                {
+                    "channel": channel,
+                    "text": args.get("initial_comment") or "",
+                    "thread_ts": args.get("thread_ts"),
+                }
+            )
+            msg.files = shared
+            await self.post(msg)
+        return {"ok": True, "files": [{"id": f["id"], "title": f["title"]} for f in shared]}
 
     async def _api_usergroups_list(self, args: dict[str, Any]) -> dict[str, Any]:
         groups = [

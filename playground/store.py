@@ -1,4 +1,5 @@
-"""The playground's workspace state in Redis: messages, threads, ephemeral messages, modals.
+"""The playground's workspace state in Redis: messages, threads, ephemeral messages, modals,
+uploaded files.
 
 Everything lives under one key prefix (``{playground:playground}`` from the launcher) in Redis,
 so a restart of ``make run`` shows the same conversation. Messages are JSON in one hash,
@@ -8,6 +9,7 @@ thread's replies, and the ephemeral messages each person was shown.
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -41,6 +43,7 @@ TRIGGER_TTL_MS = 3000  # Slack: a trigger_id opens a modal within 3 seconds, onc
 TRIGGER_USED = "-"  # what a trigger's key holds once exchanged for a view
 RESPONSE_URL_TTL_S = 1800  # Slack: a response_url works for 30 minutes, 5 times
 RESPONSE_URL_USES = 5
+FILE_TTL_S = 3600  # a file announced but never shared is forgotten (Slack discards it)
 
 
 @dataclass
@@ -58,6 +61,8 @@ class Message:
     updated: int = 0
     # Set on an ephemeral message: the one person who sees it.
     ephemeral_to: str | None = None
+    # The files it shares (files.completeUploadExternal), as the Web API shows them.
+    files: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -238,6 +243,50 @@ class Store:
         data: dict[str, Any] = json.loads(raw)
         data["left"] -= 1
         return data
+
+    # ------------------------------------------------------------------ files
+    def _file(self, file_id: str) -> str:
+        return f"{self.p}:file:{file_id}"
+
+    async def new_file(self, file_id: str, key: str, filename: str, length: int) -> None:
+        """A file announced by files.getUploadURLExternal (``key``: its upload URL's secret)."""
+        await self.redis.hset(
+            self._file(file_id),
+            mapping={"key": key, "filename": filename, "length": str(length), "state": "new"},
+        )
+        await self.redis.expire(self._file(file_id), FILE_TTL_S)
+
+    async def upload_file(self, file_id: str, key: str, data: bytes) -> bool:
+        """Keep the bytes POSTed to the file's upload URL; False for an unknown URL or a file
+        already shared."""
+        found = await self.redis.hgetall(self._file(file_id))
+        if not found or found.get("key") != key or found.get("state") == "shared":
+            return False
+        encoded = base64.b64encode(data).decode()
+        await self.redis.hset(self._file(file_id), mapping={"data": encoded, "state": "uploaded"})
+        return True
+
+    async def share_file(self, file_id: str, title: str) -> dict[str, str] | None:
+        """Mark an uploaded file shared (once): its name and title; None when it was never
+        uploaded, is unknown, or was shared already."""
+        found = await self.redis.hgetall(self._file(file_id))
+        if found.get("state") != "uploaded":
+            return None
+        name = found.get("filename") or file_id
+        await self.redis.hset(self._file(file_id), mapping={"state": "shared", "title": title})
+        await self.redis.persist(self._file(file_id))
+        return {"name": name, "title": title or name, "size": str(len(self._data(found)))}
+
+    async def file_content(self, file_id: str) -> tuple[str, bytes] | None:
+        """A shared file's name and bytes."""
+        found = await self.redis.hgetall(self._file(file_id))
+        if found.get("state") != "shared":
+            return None
+        return found.get("filename") or file_id, self._data(found)
+
+    @staticmethod
+    def _data(found: dict[str, str]) -> bytes:
+        return base64.b64decode(found.get("data") or "")
 
     async def first_event(self, event_id: str) -> bool:
         return bool(await self.redis.set(f"{self.p}:event:{event_id}", "1", nx=True, ex=3600))

@@ -3,7 +3,7 @@
 What Slack accepts (Block Kit checked with ``slack_sdk``'s models, message metadata, the size
 limits), how it signs the requests it sends (``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}``),
 how the Web API reads a call's arguments (JSON or form fields, JSON-encoded ``blocks``/``view``
-fields) and how it pages (an opaque ``cursor``).
+fields), how it pages (an opaque ``cursor``), the per-channel posting limit, and file uploads.
 """
 
 from __future__ import annotations
@@ -12,9 +12,14 @@ import base64
 import hashlib
 import hmac
 import json
+import math
+import mimetypes
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 from slack_sdk.errors import SlackObjectFormationError
 from slack_sdk.models.blocks import Block
 
@@ -167,3 +172,116 @@ def cursor_offset(value: str) -> int:
     if not raw.startswith("next:") or not raw[5:].isdigit():  # never a negative offset
         raise ValueError("invalid cursor")
     return int(raw[5:])
+
+
+# ---------------------------------------------------------------------------------- rate limits
+class PostRateLimit:
+    """Slack's limit on ``chat.postMessage``: about one message a second per channel, short
+    bursts allowed; a post over it is answered HTTP 429 with ``Retry-After`` (whole seconds).
+
+    A token bucket per channel: ``burst`` posts at once, refilled at ``per_second``.
+    """
+
+    def __init__(
+        self,
+        per_second: float = 1.0,
+        burst: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_second = per_second
+        self.burst = burst
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, channel: str) -> int | None:
+        """``None`` when a post to ``channel`` may go now (it is counted); otherwise the
+        ``Retry-After`` to answer with, in whole seconds (at least 1)."""
+        with self._lock:
+            now = self._clock()
+            tokens, at = self._buckets.get(channel, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - at) * self.per_second)
+            if tokens >= 1.0:
+                self._buckets[channel] = (tokens - 1.0, now)
+                return None
+            self._buckets[channel] = (tokens, now)
+            return max(1, math.ceil((1.0 - tokens) / self.per_second))
+
+
+# ---------------------------------------------------------------------------------- files
+# files.getUploadURLExternal → POST the bytes to the upload URL → files.completeUploadExternal
+# (what slack_sdk's files_upload_v2 does). Slack answers an upload with HTTP 200 and a short
+# text; a file that was never uploaded, or is completed twice, cannot be shared.
+UPLOAD_PATH = "/upload/v1/"
+
+
+def upload_url_problem(args: dict[str, Any]) -> str | None:
+    """``None`` when Slack would give an upload URL for these arguments, else its error."""
+    filename, length = args.get("filename"), args.get("length")
+    if not isinstance(filename, str) or not filename.strip():
+        return "invalid_arguments"
+    try:
+        n = int(str(length))
+    except ValueError:
+        return "invalid_arguments"
+    return None if n >= 0 else "invalid_arguments"
+
+
+def complete_files(args: dict[str, Any]) -> list[dict[str, str]] | None:
+    """The ``files`` argument of files.completeUploadExternal (a JSON array of ``{id,
+    title?}``, as a string or already decoded); ``None`` when malformed."""
+    raw = args.get("files")
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(raw, list) or not raw:
+        return None
+    out: list[dict[str, str]] = []
+    for f in raw:
+        if not isinstance(f, dict) or not isinstance(f.get("id"), str) or not f["id"]:
+            return None
+        title = f.get("title")
+        out.append({"id": f["id"], "title": title if isinstance(title, str) else ""})
+    return out
+
+
+async def read_upload(request: web.Request, limit: int) -> bytes | None:
+    """The bytes POSTed to an upload URL: the raw body, or the first file of a multipart
+    form (Slack takes either); ``None`` when over ``limit`` bytes."""
+    if request.content_type.startswith("multipart/"):
+        reader = await request.multipart()
+        async for part in reader:
+            if isinstance(part, BodyPartReader) and (part.filename or part.name == "file"):
+                data = await part.read(decode=False)
+                return bytes(data) if len(data) <= limit else None
+        return b""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def file_object(
+    file_id: str, name: str, title: str, size: int, url: str, created: float, user: str
+) -> dict[str, Any]:
+    """A file as the Web API shows it in a message's ``files`` (the fields the bot and the page
+    read)."""
+    mimetype = mimetypes.guess_type(name)[0] or "text/plain"
+    return {
+        "id": file_id,
+        "created": int(created),
+        "name": name,
+        "title": title or name,
+        "mimetype": mimetype,
+        "filetype": name.rsplit(".", 1)[-1].lower() if "." in name else "text",
+        "size": size,
+        "user": user,
+        "url_private": url,
+        "url_private_download": url,
+    }

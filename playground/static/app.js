@@ -77,6 +77,7 @@ function setConn(up) {
 const X_SVG = '<svg viewBox="0 0 20 20" width="14" height="14" aria-hidden="true"><path d="M5 5l10 10M15 5 5 15" stroke="currentColor" stroke-width="1.8" stroke-linecap="round"/></svg>';
 const BOT_SVG = '<svg viewBox="0 0 36 36" width="36" height="36"><rect width="36" height="36" rx="8" fill="#611f69"/><rect x="9" y="12" width="18" height="14" rx="4" fill="#fff"/><circle cx="14.5" cy="19" r="2" fill="#611f69"/><circle cx="21.5" cy="19" r="2" fill="#611f69"/><rect x="17" y="7" width="2" height="5" fill="#fff"/><circle cx="18" cy="7" r="2" fill="#ecb22e"/></svg>';
 const EYE_SVG = '<svg viewBox="0 0 20 20" width="14" height="14" aria-hidden="true"><path d="M10 4.5C5.5 4.5 2.3 8 1.5 10c.8 2 4 5.5 8.5 5.5s7.7-3.5 8.5-5.5c-.8-2-4-5.5-8.5-5.5Zm0 8.8a3.3 3.3 0 1 1 0-6.6 3.3 3.3 0 0 1 0 6.6Z" fill="currentColor"/></svg>';
+const FILE_SVG = '<svg viewBox="0 0 24 24" width="28" height="28"><path d="M6 2h8l5 5v15H6z" fill="#e8e8e8" stroke="#616061" stroke-width="1.2"/><path d="M14 2v5h5" fill="none" stroke="#616061" stroke-width="1.2"/><path d="M9 12h7M9 15h7M9 18h5" stroke="#1264a3" stroke-width="1.4" stroke-linecap="round"/></svg>';
 const COLORS = ["#2b6cb0", "#2f855a", "#b7791f", "#c05621", "#6b46c1", "#b83280", "#2c7a7b", "#9b2c2c"];
 
 function colorFor(id) {
@@ -110,6 +111,18 @@ function replyFaces(ids) {
   return wrap;
 }
 
+// A shared file (files.completeUploadExternal), as Slack shows one: its title, name and size,
+// linking to the content.
+function fileCard(f) {
+  const size = Number(f.size) || 0;
+  const kb = size < 1024 ? `${size} B` : size < 1048576 ? `${(size / 1024).toFixed(1)} kB` : `${(size / 1048576).toFixed(1)} MB`;
+  return h("a", { class: "file-card", href: String(f.url || "#"), target: "_blank", rel: "noopener" },
+    h("span", { class: "file-icon", "aria-hidden": "true", html: FILE_SVG }),
+    h("span", { class: "file-meta" },
+      h("span", { class: "file-title" }, String(f.title || f.name || "file")),
+      h("span", { class: "file-sub" }, `${f.name || ""} · ${kb}`)));
+}
+
 function renderMessage(m, where) {
   const inChannel = where === "channel";
   const el = h("div", {
@@ -132,11 +145,12 @@ function renderMessage(m, where) {
     const container = { type: "message", channel: m.channel, ts: m.ts, is_ephemeral: !!m.ephemeral };
     if (m.thread_ts) container.thread_ts = m.thread_ts;
     body.append(renderBlocks(m.blocks, { surface: "message", postAction: (a) => postAction(container, a) }));
-  } else {
+  } else if (m.text || !(m.files || []).length) {
     body.classList.add("rich");
     body.innerHTML = mrkdwn(m.text || "");
   }
   content.append(body);
+  for (const f of m.files || []) content.append(fileCard(f));
   const n = Number(m.reply_count) || 0;
   if (inChannel && n > 0) {
     content.append(h("div", { class: "replies" },

@@ -184,7 +184,7 @@ async def test_help_lists_the_agents_and_the_default(multi: BotHarness) -> None:
     text = await reply_to(multi, "help", "help")
     assert text.startswith("*Agents*\n• `test-ops` (default) — no description\n")
     assert f"• `billing` — {billing.description}" in text
-    assert "e.g. `/agent billing <task>`; without a name, `test-ops` does the task" in text
+    assert "e.g. `/agent billing &lt;task&gt;`; without a name, `test-ops` does the task" in text
     assert "*Usage*" in text and "`/agent status`" in text
     assert "What should `billing` do?" in await reply_to(multi, "Billing", "empty")
     assert await multi.gateway.runs_for_user(REQUESTER) == []
@@ -246,8 +246,8 @@ async def test_a_mention_routes_like_the_command(
     await send_event(multi, mention(f"<@{BOT}> billing"))
     await multi.fake.wait_for(
         lambda f: any(
-            f"What should `billing` do? Write the task after its name: `<@{BOT}> billing <task>`"
-            in a["text"]
+            f"What should `billing` do? Write the task after its name: "
+            f"`<@{BOT}> billing &lt;task&gt;`" in a["text"]
             for a in ephemerals(multi)
         ),
         what="the question",

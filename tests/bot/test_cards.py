@@ -14,7 +14,7 @@ from slack_sdk.models.blocks import ActionsBlock, Block, HeaderBlock, SectionBlo
 from slack_sdk.models.views import View
 
 from agent_core import Gate, GateStatus, Run, RunStatus
-from bot import cards
+from bot import answers, cards
 from bot.testing import MAX_BLOCKS_CHARS, _blocks_problem
 
 GATE_ID = "AbCdEfGhIjKlMnOpQrStUvWx"
@@ -324,7 +324,7 @@ def test_split_escaped_keeps_every_character(raw: str, limit: int) -> None:
 @given(st.text(alphabet=st.characters(blacklist_categories=["Cs"]), max_size=12_000))
 @settings(max_examples=100, deadline=None)
 def test_long_answers_are_split_not_cut(text: str) -> None:
-    parts = cards.split_message(text, limit=1000)
+    parts = answers.split_message(text, limit=1000)
     assert all(len(p) <= 1000 for p in parts)
     if "```" not in text:
         squash = re.compile(r"\s+")
@@ -334,14 +334,17 @@ def test_long_answers_are_split_not_cut(text: str) -> None:
 
 
 def test_answer_messages_number_the_parts_and_balance_fences() -> None:
-    text = "intro\n```\n" + "\n".join(f"line {i}" for i in range(2000)) + "\n```\nend"
-    msgs = cards.answer_messages(text)
-    assert len(msgs) > 3
+    text = "intro\n```\n" + "\n".join(f"line {i}" for i in range(900)) + "\n```\nend"
+    post = answers.answer_post(text, "r-00abcdefghij")
+    msgs = post.texts
+    assert len(msgs) == 3 and post.file is None
     assert msgs[0].startswith("✅ *Answer*")
     for i, m in enumerate(msgs):
         assert m.endswith(f"_({i + 1}/{len(msgs)})_")
         assert m.count("```") % 2 == 0, "each part opens and closes its code block"
-    assert "line 1999" in msgs[-1] and "end" in msgs[-1]
+    assert "line 899" in msgs[-1] and "end" in msgs[-1]
+    parts = answers.split_message(text * 3)
+    assert len(parts) > 3 and all(p.count("```") % 2 == 0 for p in parts)
 
 
 @given(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import pytest
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -78,3 +79,65 @@ async def test_a_held_answer_comes_after_the_message_is_posted(
     fake_slack.release()
     resp = await asyncio.wait_for(posting, timeout=5)
     assert resp["ts"] == fake_slack.messages[-1].ts and fake_slack.held == 0
+
+
+async def test_files_upload_v2_shares_the_file_in_the_thread(
+    api: AsyncWebClient, fake_slack: FakeSlack
+) -> None:
+    """slack_sdk's files_upload_v2: an upload URL, the bytes POSTed there, then the share; the
+    thread shows a message with the file, and the file holds the bytes."""
+    root = await api.chat_postMessage(channel="C1", text="root")
+    text = "é" * 70_000 + "\nend"
+    resp = await api.files_upload_v2(
+        channel="C1", thread_ts=root["ts"], filename="answer.md", title="Answer", content=text
+    )
+    assert resp["ok"] and resp["file"]["title"] == "Answer"
+    (f,) = fake_slack.files
+    assert f.text == text and f.length == len(text.encode()) and f.completed
+    (shared,) = fake_slack.thread("C1", root["ts"])
+    assert shared.files[0]["id"] == f.id and shared.files[0]["name"] == "answer.md"
+    assert shared.files[0]["size"] == len(text.encode())
+    got = await api.conversations_replies(channel="C1", ts=root["ts"])
+    assert got["messages"][1]["files"][0]["title"] == "Answer"
+    assert [c.method for c in fake_slack.calls][-3:-1] == [
+        f"upload:{f.id}",
+        "files.completeUploadExternal",
+    ]
+
+
+async def test_file_refusals(api: AsyncWebClient, fake_slack: FakeSlack) -> None:
+    with pytest.raises(SlackApiError) as exc:
+        await api.files_getUploadURLExternal(filename="", length=3)
+    assert exc.value.response["error"] == "invalid_arguments"
+    url = await api.files_getUploadURLExternal(filename="a.txt", length=3)
+    with pytest.raises(SlackApiError) as exc:  # never uploaded
+        await api.files_completeUploadExternal(files=[{"id": url["file_id"]}], channel_id="C1")
+    assert exc.value.response["error"] == "file_not_found"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url["upload_url"] + "x", data=b"abc") as r:
+            assert r.status == 404, "an upload URL never given"
+        async with http.post(url["upload_url"], data=b"abc") as r:
+            assert r.status == 200 and (await r.text()).startswith("OK")
+    done = await api.files_completeUploadExternal(files=[{"id": url["file_id"]}], channel_id="C1")
+    assert done["files"][0]["id"] == url["file_id"]
+    with pytest.raises(SlackApiError) as exc:  # only once
+        await api.files_completeUploadExternal(files=[{"id": url["file_id"]}], channel_id="C1")
+    assert exc.value.response["error"] == "file_not_found"
+
+
+async def test_posting_is_limited_per_channel_as_slack_does(
+    api: AsyncWebClient, fake_slack: FakeSlack
+) -> None:
+    """About one chat.postMessage a second per channel: the next one is refused with HTTP 429
+    and Retry-After, and not posted; another channel is not affected."""
+    fake_slack.limit_posts(per_second=1.0, burst=1)
+    await api.chat_postMessage(channel="C1", text="first")
+    with pytest.raises(SlackApiError) as exc:
+        await api.chat_postMessage(channel="C1", text="too soon")
+    assert exc.value.response.status_code == 429
+    assert exc.value.response.headers["Retry-After"] == "1"
+    assert [m.text for m in fake_slack.messages] == ["first"]
+    await api.chat_postMessage(channel="C2", text="elsewhere")
+    await asyncio.sleep(1.05)
+    await api.chat_postMessage(channel="C1", text="later")
+    assert [m.text for m in fake_slack.messages] == ["first", "elsewhere", "later"]

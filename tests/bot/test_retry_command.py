@@ -143,7 +143,7 @@ async def test_a_failure_a_retry_cannot_fix_is_not_offered_nor_retried(
     assert text == "Only the person who started this run or an approver can retry it."
     text = await command(live, f"retry {run_id}", REQUESTER, "own")
     assert text.startswith(f"Run `{run_id}` failed in a way a retry cannot fix"), text
-    assert "/agent <task>" in text
+    assert "/agent &lt;task&gt;" in text
     run = await live.gateway.get_run(run_id)
     assert run is not None and run.status is RunStatus.FAILED
 
@@ -162,8 +162,10 @@ async def test_retry_of_a_live_run_and_of_an_unknown_one(
 
     text = await command(live, "retry r-000000000000", REQUESTER, "unknown")
     assert text == "There is no run `r-000000000000`. `/agent status` lists yours."
-    assert "Which run? Use `/agent retry <run id>`" in await command(live, "retry", REQUESTER, "x")
+    assert "Which run? Use `/agent retry &lt;run id&gt;`" in await command(
+        live, "retry", REQUESTER, "x"
+    )
     usage = await command(live, "help", REQUESTER, "help")
-    assert "`/agent retry <run id>`" in usage
+    assert "`/agent retry &lt;run id&gt;`" in usage
     runs = await live.gateway.runs_for_user(REQUESTER, limit=50)
     assert [r.run_id for r in runs] == [run_id], "nothing was started"
