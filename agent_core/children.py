@@ -4,8 +4,9 @@ The child lives in its parent's shard (its keys share the parent's hash tag), so
 below, and :func:`~agent_core.scripts` ``report_child``, touch one slot. The child has its
 own history, turns and gates; its gates are shown on the parent's thread (the child's origin
 is the parent's, plus ``parent_run`` and the agent ``path``). Its outcome becomes the
-parent call's result atomically with the child finishing (RECORD_TURN, FAIL_RUN,
-CANCEL_RUN), and the parent is resumed once nothing else of its turn is pending.
+parent call's result atomically with the child finishing (RECORD_TURN, and FAIL_RUN or
+CANCEL_RUN of :mod:`agent_core.stopping`), and the parent is resumed once nothing else of
+its turn is pending.
 
 Run fields: a child has ``parent``, ``parent_call``, ``parent_turn`` and ``depth``; a parent
 counts its unfinished children in ``children_pending`` (beside ``pending``, its open gates).
@@ -67,10 +68,14 @@ return {ok = 'spawned'}
 )
 
 # Pause a parent whose turn waits for child runs; or tell it to go on when they all
-# reported meanwhile (each report settled its call in the turn hash).
-# KEYS[1] parent run hash
+# reported meanwhile (each report settled its call in the turn hash). The turn's calls still
+# in `child` are what it waits for: with none, it goes on (and a stale count is reset);
+# with some but none counted pending, they are orphans of a failure whose cancel cascade a
+# crash cut short before the run was continued (FAIL_RUN counts none pending): the caller
+# cancels their child runs (Stopper.cancel_orphans), which settles the calls.
+# KEYS[1] parent run hash, KEYS[2] the turn's hash
 # ARGV[1] fence, ARGV[2] turn (guard), ARGV[3] now
-# Returns 'waiting' | 'go' | 'lost' | 'stopped' as status replies.
+# Returns 'waiting' | 'go' | 'orphaned' | 'lost' | 'stopped' as status replies.
 WAIT_CHILDREN = (
     _HELPERS
     + """
@@ -79,11 +84,18 @@ if redis.call('HGET', KEYS[1], 'status') ~= 'running'
   or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2] then
   return {ok = 'stopped'}
 end
-if tonumber(redis.call('HGET', KEYS[1], 'children_pending') or '0') > 0 then
-  redis.call('HSET', KEYS[1], 'status', 'awaiting_approval', 'updated_at', ARGV[3])
-  return {ok = 'waiting'}
+local open = 0
+for _, cid in ipairs(cjson.decode(redis.call('HGET', KEYS[2], 'order') or '[]')) do
+  if redis.call('HGET', KEYS[2], 'state:' .. cid) == 'child' then open = open + 1 end
 end
-return {ok = 'go'}
+local counted = tonumber(redis.call('HGET', KEYS[1], 'children_pending') or '0')
+if open == 0 then
+  if counted ~= 0 then redis.call('HSET', KEYS[1], 'children_pending', 0) end
+  return {ok = 'go'}
+end
+if counted <= 0 then return {ok = 'orphaned'} end
+redis.call('HSET', KEYS[1], 'status', 'awaiting_approval', 'updated_at', ARGV[3])
+return {ok = 'waiting'}
 """
 )
 

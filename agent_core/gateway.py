@@ -7,7 +7,6 @@ it writes to Redis and the workers pick the work up from the jobs stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -18,7 +17,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from . import messages, metrics, reopen_scripts, scripts
+from . import metrics, reopen_scripts, scripts
 from .children import parent_keys
 from .completions import clean_text
 from .connections import eval_replicated
@@ -27,12 +26,12 @@ from .exceptions import ArgsHashMismatch, ChildRunSettled, GateNotFound, Invalid
 from .keys import Keys
 from .models import ContinueOutcome, DecideResult, Decision, Gate, GateStatus, Run, RunStatus
 from .placement import ShardPicker
+from .stopping import MAX_REASON_CHARS, Stopper, new_attempt
 from .streams import stream_groups
 
 log = logging.getLogger(__name__)
 
 MAX_TASK_CHARS = 20_000
-MAX_REASON_CHARS = 2_000
 # How long an idempotency key (start_run) or a dedupe key (continue_run) is remembered.
 IDEMPOTENCY_TTL_SECONDS = 86_400
 _GATE_ID = re.compile(r"^[A-Za-z0-9_-]{24}$")
@@ -70,6 +69,15 @@ def valid_run_id(run_id: str, keys: Keys | None = None) -> bool:
     return ok and (keys is None or keys.owns(run_id))
 
 
+def _attempt(attempt: str | None) -> str:
+    """The caller's attempt id, checked, or a new one."""
+    if attempt is None:
+        return new_attempt()
+    if not 0 < len(attempt) <= 200:
+        raise ValueError("attempt must be 1 to 200 characters")
+    return attempt
+
+
 class Gateway:
     """Start runs, read them, decide their gates and cancel them."""
 
@@ -92,13 +100,13 @@ class Gateway:
         self.decision_replicas = decision_replicas
         self.decision_wait_ms = decision_wait_ms
         self._decide = redis.register_script(scripts.DECIDE_GATE)
-        self._cancel = redis.register_script(scripts.CANCEL_RUN)
         self._repair = redis.register_script(scripts.REPAIR_RUN)
         self._start = redis.register_script(scripts.START_RUN)
         self._retry = redis.register_script(reopen_scripts.RETRY_RUN)
         self._continue = redis.register_script(reopen_scripts.CONTINUE_RUN)
         self._check_cursor = (0, 0)
         self.placement = ShardPicker(redis, self.keys)
+        self.stopper = Stopper(redis, self.keys)
 
     # --- runs -------------------------------------------------------------------------
     async def start_run(
@@ -338,76 +346,36 @@ class Gateway:
             raise InvalidState(f"run {run_id} was cancelled; a cancelled run does not continue")
         return ContinueOutcome(res)
 
-    async def cancel_run(self, run_id: str, by: str, reason: str | None = None) -> Run:
-        """Cancel a run that has not finished; its pending gates become ``cancelled``."""
+    async def cancel_run(
+        self, run_id: str, by: str, reason: str | None = None, *, attempt: str | None = None
+    ) -> Run:
+        """Cancel a run that has not finished; its pending gates become ``cancelled``, and
+        its sub-agents' runs are cancelled too. :class:`InvalidState` when it has finished.
+
+        ``attempt`` names this request (default: a new one). The cancel is recorded with
+        it, so a repeat with the same attempt (a client retrying after a lost answer,
+        as redis-py does after a dropped connection) is answered as the first was.
+        """
         if not valid_run_id(run_id, self.keys):
             raise RunNotFound(f"no run {run_id!r}")
-        k = self.keys
-        shard = k.shard_of(run_id)
-        for _ in range(10):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.smembers(k.run_gates(run_id))
-                pipe.hmget(k.run(run_id), ["turn", "parent", "parent_turn", "agent"])
-                members, (turn, parent, parent_turn, agent) = await pipe.execute()
-            gate_ids = sorted(members)
-            turn = turn or "0"
-            family = {"parent": parent or "", "parent_turn": parent_turn or "0"}
-            told = messages.sub_agent_cancelled(agent or "", by) if parent else ""
-            were_pending = await metrics.pending_gates(self.redis, k, gate_ids)
-            res = await self._cancel(
-                keys=[
-                    k.run(run_id),
-                    k.deadlines(shard),
-                    k.events(shard),
-                    k.run_gates(run_id),
-                    k.finished(shard),
-                    k.active(shard),
-                    k.turn(run_id, int(turn)),
-                    *parent_keys(k, run_id, family),
-                    *(k.gate(g) for g in gate_ids),
-                ],
-                args=[
-                    by,
-                    clean_text(reason or "")[:MAX_REASON_CHARS],
-                    run_id,
-                    turn,
-                    told,
-                    *gate_ids,
-                ],
-            )
-            if res[0] == "missing":
-                raise RunNotFound(f"no run {run_id!r}")
-            if res[0] == "finished":
-                raise InvalidState(f"run {run_id} has already {res[1]}")
-            if res[0] == "cancelled":
-                await metrics.count_cancelled(self.redis, k, were_pending)
-                await self.cancel_children(run_id, by, f"its parent run {run_id} was cancelled")
-                run = await self.get_run(run_id)
-                assert run is not None
-                return run
-        raise InvalidState(f"run {run_id} kept opening gates; try again")
+        await self.stopper.cancel(run_id, by, reason, _attempt(attempt))
+        run = await self.get_run(run_id)
+        assert run is not None
+        return run
 
     async def cancel_children(self, run_id: str, by: str, reason: str) -> int:
-        """Cancel the run's unfinished child runs (sub-agents), and theirs; how many.
+        """Cancel the run's unfinished child runs (sub-agents), and theirs; how many."""
+        return await self.stopper.cancel_children(run_id, by, reason)
 
-        A crash half-way leaves a child running: the worker that next advances it finds
-        its parent finished and cancels it then.
-        """
-        cancelled = 0
-        for child in sorted(await self.redis.smembers(self.keys.children(run_id))):
-            with contextlib.suppress(InvalidState, RunNotFound):
-                await self.cancel_run(child, by, reason)
-                cancelled += 1
-        return cancelled
-
-    async def retry_run(self, run_id: str, by: str) -> Run:
+    async def retry_run(self, run_id: str, by: str, *, attempt: str | None = None) -> Run:
         """Continue a run whose model call kept failing, from the step it failed in.
 
         Nothing that ran runs again: every earlier step is recorded. :class:`RunNotFound`
         for an unknown run, :class:`InvalidState` when it is not failed or its failure is
         not one a retry can fix. A sub-agent's run is retried only while its parent still
         waits for it; once the parent has its failure as the call's result,
-        :class:`ChildRunSettled` names the top run to retry instead.
+        :class:`ChildRunSettled` names the top run to retry instead. ``attempt``: as for
+        :meth:`cancel_run`, a repeat with the same attempt is answered as the first was.
         """
         if not valid_run_id(run_id, self.keys):
             raise RunNotFound(f"no run {run_id!r}")
@@ -427,7 +395,14 @@ class Gateway:
                 k.events(shard),
                 *parent_keys(k, run_id, family)[:2],
             ],
-            args=[run_id, by, f"{time.time():.6f}", family["parent"], family["parent_turn"]],
+            args=[
+                run_id,
+                by,
+                f"{time.time():.6f}",
+                family["parent"],
+                family["parent_turn"],
+                _attempt(attempt),
+            ],
         )
         if res == "missing":
             raise RunNotFound(f"no run {run_id!r}")

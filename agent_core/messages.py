@@ -124,6 +124,25 @@ def sub_agent_cancelled(agent: str, by: str) -> str:
     )
 
 
+def sub_agent_cancelled_at_failure(agent: str) -> str:
+    """A sub-agent's run cancelled because the run that called it failed (the parent's
+    model reads it when that run is continued)."""
+    return (
+        f"Not finished: the sub-agent {agent} was cancelled because this run failed before "
+        "it answered. Whatever it did before that stays done."
+    )
+
+
+def sub_agent_lost(agent: str) -> str:
+    """A sub-agent call whose child run is gone or ended without its answer reaching the
+    parent (a crash between steps)."""
+    return (
+        f"Outcome unknown: the run of the sub-agent {agent} ended without its answer "
+        "reaching this run. Whatever it did stays done; tell the user it should be checked "
+        "before asking it again."
+    )
+
+
 def too_deep(agent: str, limit: int) -> str:
     return (
         f"Error: the sub-agent {agent} was not started: sub-agents may nest at most {limit} "

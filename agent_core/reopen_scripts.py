@@ -20,14 +20,18 @@ from .scripts import _HELPERS
 # run without parent: KEYS[1] twice, never read)
 # ARGV[1] run id, ARGV[2] by, ARGV[3] now, ARGV[4] the parent run id ('' for none) and
 # ARGV[5] its turn, as the caller read them (a mismatch means KEYS[6..7] are not the
-# parent's: nothing is written)
+# parent's: nothing is written), ARGV[6] this call's attempt id (recorded as
+# `retry_attempt`: a re-run of the same attempt, its first reply lost, answers 'queued'
+# again and writes nothing, whatever the run did since)
 # Returns 'queued' | 'missing' | 'not_failed' | 'not_retryable' | 'parent_moved_on' (a
 # sub-agent's run its parent no longer waits for) | 'retry' (read the parent again) as
 # status replies.
 RETRY_RUN = """
-local r = redis.call('HMGET', KEYS[1], 'status', 'parent', 'parent_turn', 'parent_call')
+local r = redis.call('HMGET', KEYS[1], 'status', 'parent', 'parent_turn', 'parent_call',
+  'retry_attempt')
 local st = r[1]
 if not st then return {ok = 'missing'} end
+if ARGV[6] ~= '' and r[5] == ARGV[6] then return {ok = 'queued'} end
 if st ~= 'failed' then return {ok = 'not_failed'} end
 if (r[2] or '') ~= ARGV[4] or (r[2] and (r[3] or '0') ~= ARGV[5]) then
   return {ok = 'retry'}
@@ -43,7 +47,7 @@ end
 if redis.call('HGET', KEYS[1], 'retryable') ~= '1' then return {ok = 'not_retryable'} end
 local phase = redis.call('HGET', KEYS[1], 'failed_phase') or 'model'
 redis.call('HSET', KEYS[1], 'status', 'queued', 'phase', phase, 'error', '',
-  'retryable', '0', 'retried_by', ARGV[2], 'updated_at', ARGV[3])
+  'retryable', '0', 'retried_by', ARGV[2], 'retry_attempt', ARGV[6], 'updated_at', ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'retries', 1)
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[1])

@@ -24,21 +24,21 @@ import openai
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from . import children, gating, messages, metrics, model_calls, scripts
+from . import children, gating, messages, model_calls, scripts
 from .agent import Agent, AgentTool
 from .completions import (
     Completion,
     ModelResponseError,
     ToolCall,
     clean_text,
-    redact_secrets,
 )
 from .connections import eval_replicated
 from .exceptions import LeaseLost
-from .gateway import Gateway, pairs
+from .gateway import pairs
 from .gating import args_hash
 from .keys import Keys
 from .models import Gate, GateStatus
+from .stopping import Stopper, new_attempt
 from .tools import Tool
 
 log = logging.getLogger(__name__)
@@ -147,9 +147,9 @@ class Runner:
         self._settle_script = redis.register_script(scripts.SETTLE_CALL)
         self._open = redis.register_script(scripts.OPEN_GATES)
         self._finish = redis.register_script(scripts.FINISH_TURN)
-        self._fail = redis.register_script(scripts.FAIL_RUN)
         self._spawn_script = redis.register_script(children.SPAWN_CHILD)
         self._wait_children = redis.register_script(children.WAIT_CHILDREN)
+        self.stopper = Stopper(redis, keys)
         # The runners of the other agents this worker serves, by agent name: a job names a
         # run, and the run names its agent.
         self.peers: dict[str, Runner] = {}
@@ -249,82 +249,20 @@ class Runner:
         if status not in (None, "completed", "failed", "cancelled"):
             return False
         with contextlib.suppress(Exception):
-            await self._gateway().cancel_run(
-                run["run_id"], by or "", f"its parent run {run['parent']} is {status or 'gone'}"
+            await self.stopper.cancel(
+                run["run_id"],
+                by or "",
+                f"its parent run {run['parent']} is {status or 'gone'}",
+                new_attempt(),
+                parent_failed=status == "failed",
             )
         return True
 
-    def _gateway(self) -> Gateway:
-        return Gateway(self.redis, self.keys, events_maxlen=self.maxlen)
-
     async def fail(self, run_id: str, error: str, fence: str, *, retryable: bool = False) -> bool:
-        """Fail a run that has not finished, closing its pending gates; True if it moved.
-
-        Only the holder of the run's lease can; :class:`LeaseLost` otherwise. A ``retryable``
-        failure can be continued with :meth:`Gateway.retry_run`. A child run's failure is its
-        parent call's result; a parent's cancels its unfinished children.
-        """
-        k = self.keys
-        error = redact_secrets(clean_text(error))
-        origin, parent, parent_turn, agent, waiting = await self.redis.hmget(
-            k.run(run_id), ["origin", "parent", "parent_turn", "agent", "children_pending"]
-        )
-        origin = origin or "{}"
-        run = {"parent": parent or "", "parent_turn": parent_turn or "0"}
-        told = messages.sub_agent_failed(agent or "", error) if parent else ""
-        data = json.dumps(
-            {
-                "run_id": run_id,
-                "error": error,
-                "retryable": retryable,
-                "origin": json.loads(origin),
-            }
-        )
-        # The current turn's calls that did not run are closed with the failure.
-        not_run, in_doubt = messages.not_run_at_failure(error), messages.in_doubt_at_failure()
-        for _ in range(10):
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.smembers(k.run_gates(run_id))
-                pipe.hget(k.run(run_id), "turn")
-                members, turn = await pipe.execute()
-            gate_ids = sorted(members)
-            turn = turn or "0"
-            were_pending = await metrics.pending_gates(self.redis, k, gate_ids)
-            res = await self._fail(
-                keys=[
-                    k.run(run_id),
-                    k.events(k.shard_of(run_id)),
-                    k.finished(k.shard_of(run_id)),
-                    k.deadlines(k.shard_of(run_id)),
-                    k.run_gates(run_id),
-                    k.active(k.shard_of(run_id)),
-                    *children.parent_keys(k, run_id, run),
-                    k.turn(run_id, int(turn)),
-                    *(k.gate(g) for g in gate_ids),
-                ],
-                args=[
-                    fence,
-                    error,
-                    data,
-                    _now(),
-                    run_id,
-                    "1" if retryable else "0",
-                    told,
-                    turn,
-                    not_run,
-                    in_doubt,
-                    *gate_ids,
-                ],
-            )
-            if res == "lost":
-                raise LeaseLost(run_id)
-            if res != "retry":
-                if res == "failed":
-                    await metrics.count_cancelled(self.redis, k, were_pending)
-                    if int(waiting or 0) > 0:
-                        await self._gateway().cancel_children(run_id, "", f"run {run_id} failed")
-                return bool(res == "failed")
-        return False
+        """Fail a run that has not finished, closing its pending gates and cancelling its
+        sub-agents' runs (:meth:`Stopper.fail`); True if it moved. Only the holder of the
+        run's lease can; :class:`LeaseLost` otherwise."""
+        return await self.stopper.fail(run_id, error, fence, retryable=retryable)
 
     # --- phase: model -----------------------------------------------------------------
     async def _model_turn(
@@ -556,9 +494,17 @@ class Runner:
                 return await self._tools_turn(run, turn, fence, read)
             return None
         if waiting:
-            res = await self._wait_children(keys=[k.run(run_id)], args=[fence, turn, _now()])
+            res = await self._wait_children(
+                keys=[k.run(run_id), k.turn(run_id, turn)], args=[fence, turn, _now()]
+            )
             if res == "lost":
                 raise LeaseLost(run_id)
+            if res == "orphaned":  # left by a failure, the run continued since
+                for c in await self.stopper.cancel_orphans(run_id, turn):
+                    lost_text = messages.sub_agent_lost(c["name"])
+                    if await self._settle(run, turn, c, lost_text, fence) is None:
+                        return None
+                return await self._tools_turn(run, turn, fence, read)
             if res == "go":  # every child answered meanwhile: their results are in
                 return await self._tools_turn(run, turn, fence, read)
             return None  # the last child to finish enqueues the resume job

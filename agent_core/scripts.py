@@ -13,6 +13,9 @@ checks, inside the script, that it is still the current one and that the lease h
 out. A worker that was paused past its lease (GC, VM pause, SIGSTOP, a blocked event loop)
 gets ``lost`` back and writes nothing.
 
+The scripts that stop a run (CANCEL_RUN, FAIL_RUN) are in :mod:`agent_core.stopping`, those
+that put a stopped run back to work in :mod:`agent_core.reopen_scripts`.
+
 Events are appended without MAXLEN: the worker's trimmer removes them only once every
 consumer group has read them (see :mod:`agent_core.trimmer`).
 """
@@ -602,146 +605,6 @@ for i = 1, #run do out[#out + 1] = run[i] end
 local read = read_for_model(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1])
 for i = 1, #read do out[#out + 1] = read[i] end
 return out
-"""
-)
-
-# Fail a run that is not finished yet, closing its pending gates (their cards say why).
-# Only the lease holder may fail a run. A retryable failure (the model call kept failing)
-# keeps the phase it failed in, so that Gateway.retry_run continues from there.
-# A failure in the tools phase also closes the current turn's calls that did not run, so
-# that no later continuation or retry runs them on an approval given before the failure:
-# calls not started (ready, gated and approved, or whose gate this failure closed) are
-# recorded as not run (ARGV[9]), a call claimed by a worker that never reported as in doubt
-# (ARGV[10]). A call whose gate was denied or expired keeps its decision (the model is told
-# it on the next turn); a sub-agent's call is settled by its child's cancel. The run.failed
-# event lists the approved gates whose calls never ran (`never_ran`) and those in doubt
-# (`in_doubt`), so that their cards stop saying "Running…".
-# KEYS[1] run hash, KEYS[2] events stream, KEYS[3] finished-runs zset, KEYS[4] deadlines
-# zset, KEYS[5] run gates set, KEYS[6] active-runs zset, KEYS[7] parent run hash, KEYS[8]
-# parent turn hash, KEYS[9] jobs stream (a child run's failure is its parent call's result;
-# any run: KEYS[1] twice and the shard's jobs stream), KEYS[10] the current turn's hash,
-# KEYS[11..] every gate hash of the run (the members of KEYS[5], in ARGV order)
-# ARGV[1] fence, ARGV[2] error text, ARGV[3] run.failed event data JSON (a JSON object; the
-# two lists are added to it), ARGV[4] now, ARGV[5] run id, ARGV[6] '1' when the failure is
-# retryable, ARGV[7] what the parent's model is told ('' for a run without parent),
-# ARGV[8] the current turn (guard), ARGV[9] the result of a call that did not run,
-# ARGV[10] the result of a call in doubt, ARGV[11..] gate ids (ARGV[i] is KEYS[i]'s)
-# Returns 'failed' | 'finished' (already finished) | 'lost' | 'retry' (a gate was opened
-# or a turn recorded since the caller looked: look again) | 'missing' as status replies.
-FAIL_RUN = (
-    _HELPERS
-    + """
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return {ok = 'missing'} end
-if finished(st) then return {ok = 'finished'} end
-if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
-if redis.call('SCARD', KEYS[5]) ~= #KEYS - 10
-  or (redis.call('HGET', KEYS[1], 'turn') or '0') ~= ARGV[8] then
-  return {ok = 'retry'}
-end
-local nowstr = string.format('%.6f', now())
-local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
-local reason = 'the run failed: ' .. ARGV[2]
-local gate_keys = {}
-for i = 11, #KEYS do
-  gate_keys[ARGV[i]] = KEYS[i]
-  if redis.call('HGET', KEYS[i], 'status') == 'pending' then
-    close_gate(KEYS[i], ARGV[i], KEYS[4], KEYS[2], ARGV[5], '', reason, nowstr, origin,
-      ',"run_failed":true', {'closed_by_failure', '1'})
-  end
-end
-local phase = redis.call('HGET', KEYS[1], 'phase') or 'model'
-local never, doubt = {}, {}
-if phase == 'tools' then
-  local order = cjson.decode(redis.call('HGET', KEYS[10], 'order') or '[]')
-  for _, cid in ipairs(order) do
-    local s = redis.call('HGET', KEYS[10], 'state:' .. cid)
-    local gid = redis.call('HGET', KEYS[10], 'gate:' .. cid)
-    local gs = nil
-    if gid and gate_keys[gid] then gs = redis.call('HGET', gate_keys[gid], 'status') end
-    if s == 'claimed' then
-      redis.call('HSET', KEYS[10], 'state:' .. cid, 'done', 'result:' .. cid, ARGV[10])
-      if gid then doubt[#doubt + 1] = gid end
-    elseif s == 'ready' or s == 'needs_gate'
-      or (s == 'gated' and gs ~= 'denied' and gs ~= 'expired') then
-      redis.call('HSET', KEYS[10], 'state:' .. cid, 'done', 'result:' .. cid, ARGV[9])
-      if gs == 'approved' then never[#never + 1] = gid end
-    end
-  end
-end
-local function ids(list)
-  if #list == 0 then return '[]' end
-  return cjson.encode(list)
-end
-local head = string.sub(ARGV[3], 1, -2)
-local data = head .. (head == '{' and '' or ',') .. '"never_ran":' .. ids(never)
-  .. ',"in_doubt":' .. ids(doubt) .. '}'
-redis.call('HSET', KEYS[1], 'status', 'failed', 'error', ARGV[2], 'phase', 'done',
-  'failed_phase', phase, 'retryable', ARGV[6],
-  'pending', 0, 'children_pending', 0, 'updated_at', ARGV[4])
-redis.call('XADD', KEYS[2], '*', 'type', 'run.failed', 'run_id', ARGV[5], 'data', data)
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[5])
-redis.call('ZREM', KEYS[6], ARGV[5])
-if ARGV[7] ~= '' then report_child(KEYS[1], KEYS[7], KEYS[8], KEYS[9], KEYS[2], ARGV[7], false) end
-return {ok = 'failed'}
-"""
-)
-
-# Cancel a run and every pending gate it has. Afterwards no call of the run starts (claims
-# check the status); calls of the current turn are sorted into never-ran and running.
-# KEYS[1] run hash, KEYS[2] deadlines zset, KEYS[3] events stream, KEYS[4] run gates set,
-# KEYS[5] finished-runs zset, KEYS[6] active-runs zset, KEYS[7] the current turn's hash,
-# KEYS[8] parent run hash, KEYS[9] parent turn hash, KEYS[10] jobs stream (as in FAIL_RUN),
-# KEYS[11..] every gate hash of the run (the members of KEYS[4], in ARGV order)
-# ARGV[1] by, ARGV[2] reason, ARGV[3] run id, ARGV[4] the current turn (guard),
-# ARGV[5] what the parent's model is told ('' for a run without parent), ARGV[6..] gate ids
-# Returns {'cancelled'} | {'finished', status} | {'missing'} | {'retry'} (a gate was
-# opened or a turn recorded since the caller looked: look again).
-CANCEL_RUN = (
-    _HELPERS
-    + """
-local st = redis.call('HGET', KEYS[1], 'status')
-if not st then return {'missing'} end
-if st == 'completed' or st == 'failed' or st == 'cancelled' then return {'finished', st} end
-if redis.call('SCARD', KEYS[4]) ~= #KEYS - 10
-  or (redis.call('HGET', KEYS[1], 'turn') or '0') ~= ARGV[4] then
-  return {'retry'}
-end
-local t = redis.call('TIME')
-local nowstr = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
-local origin = redis.call('HGET', KEYS[1], 'origin') or '{}'
-local never, running = {}, {}
-for i = 11, #KEYS do
-  local gid = ARGV[i - 5]
-  local gs = redis.call('HGET', KEYS[i], 'status')
-  if gs == 'pending' then
-    close_gate(KEYS[i], gid, KEYS[2], KEYS[3], ARGV[3], ARGV[1], ARGV[2], nowstr, origin, '', {})
-  elseif gs == 'approved' then
-    local g = redis.call('HMGET', KEYS[i], 'turn', 'call_id')
-    if g[1] == ARGV[4] then
-      local cs = redis.call('HGET', KEYS[7], 'state:' .. g[2])
-      if cs == 'claimed' or cs == 'child' then  -- running, or its sub-agent's run is
-        running[#running + 1] = gid
-      elseif cs ~= 'done' then
-        never[#never + 1] = gid
-      end
-    end
-  end
-end
-redis.call('HSET', KEYS[1], 'status', 'cancelled', 'cancelled_by', ARGV[1], 'pending', 0,
-  'children_pending', 0, 'phase', 'done', 'updated_at', nowstr)
-local function ids(list)
-  if #list == 0 then return '[]' end
-  return cjson.encode(list)
-end
-local data = '{"run_id":' .. cjson.encode(ARGV[3]) .. ',"by":' .. cjson.encode(ARGV[1])
-  .. ',"reason":' .. cjson.encode(ARGV[2]) .. ',"never_ran":' .. ids(never)
-  .. ',"running":' .. ids(running) .. ',"origin":' .. origin .. '}'
-redis.call('XADD', KEYS[3], '*', 'type', 'run.cancelled', 'run_id', ARGV[3], 'data', data)
-redis.call('ZADD', KEYS[5], nowstr, ARGV[3])
-redis.call('ZREM', KEYS[6], ARGV[3])
-if ARGV[5] ~= '' then report_child(KEYS[1], KEYS[8], KEYS[9], KEYS[10], KEYS[3], ARGV[5], false) end
-return {'cancelled'}
 """
 )
 

@@ -21,7 +21,7 @@ import pytest
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from agent_core import GateStatus, LeaseLost, RunStatus, scripts
+from agent_core import GateStatus, LeaseLost, RunStatus, scripts, stopping
 from agent_core.runner import Runner
 from agent_core.testing import FakeOpenAI, calls, reply, tool_messages
 from tests.agents import ops, read_journal
@@ -215,7 +215,7 @@ async def test_every_advancing_script_refuses_a_stale_fence(
         ),
         await redis.eval(scripts.FINISH_TURN, 2, rk, k.history(run.run_id), old, "0", "1"),
         await redis.eval(
-            scripts.FAIL_RUN,
+            stopping.FAIL_RUN,
             10,
             rk,
             k.events(k.shard_of(run.run_id)),
