@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import Settings
+from agent_core import Agent, Settings
 from agent_core.testing import FakeOpenAI
 from tests.agents import ops
 from tests.core.harness import Harness
@@ -37,15 +37,29 @@ def core_settings(redis_url: str, base_url: str, **overrides: object) -> Setting
 
 
 @pytest.fixture
-async def harness(
+async def agent_harness(
     redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
-) -> AsyncIterator[Harness]:
-    h = Harness(redis, core_settings(redis_url, fake_openai.base_url), ops)
-    h.start_worker()
+) -> AsyncIterator[Callable[[Agent], Harness]]:
+    """``agent_harness(agent)``: a harness whose in-process worker serves ``agent`` on the
+    fake model; every one made is closed at teardown."""
+    made: list[Harness] = []
+
+    def make(agent: Agent) -> Harness:
+        h = Harness(redis, core_settings(redis_url, fake_openai.base_url), agent)
+        made.append(h)
+        h.start_worker()
+        return h
+
     try:
-        yield h
+        yield make
     finally:
-        await h.close()
+        for h in reversed(made):
+            await h.close()
+
+
+@pytest.fixture
+async def harness(agent_harness: Callable[[Agent], Harness]) -> Harness:
+    return agent_harness(ops)
 
 
 @pytest.fixture

@@ -2,33 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from agent_core import Agent, GateStatus, RunStatus, approve, approver, deny
 from agent_core.approvers import ApprovalRequest, Verdict, as_approver, consult
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
 from tests.agents import read_journal, ruled
-from tests.core.conftest import core_settings
 from tests.core.harness import Harness
 
 pytestmark = pytest.mark.timeout(30)
 
 
 @pytest.fixture
-async def h(
-    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
-) -> AsyncIterator[Harness]:
-    harness = Harness(redis, core_settings(redis_url, fake_openai.base_url), ruled)
-    harness.start_worker()
-    try:
-        yield harness
-    finally:
-        await harness.close()
+async def h(agent_harness: Callable[[Agent], Harness]) -> Harness:
+    return agent_harness(ruled)
 
 
 def told(*parts: str) -> Callable[[list[dict[str, Any]]], None]:

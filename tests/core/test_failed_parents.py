@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import RunStatus, stopping
+from agent_core import Agent, RunStatus, stopping
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
 from agent_core.worker import Worker
 from tests.agents import desk, read_journal
-from tests.core.conftest import core_settings
 from tests.core.harness import Harness
 from tests.core.test_promises import take_lease
 
@@ -37,15 +36,8 @@ LOST = "Outcome unknown: the run of the sub-agent billing ended without its answ
 
 
 @pytest.fixture
-async def h(
-    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
-) -> AsyncIterator[Harness]:
-    harness = Harness(redis, core_settings(redis_url, fake_openai.base_url), desk)
-    harness.start_worker()
-    try:
-        yield harness
-    finally:
-        await harness.close()
+async def h(agent_harness: Callable[[Agent], Harness]) -> Harness:
+    return agent_harness(desk)
 
 
 def told(prefix: str) -> Any:

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import ContinueOutcome, scripts
+from agent_core import Agent, ContinueOutcome, scripts
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
 from tests.agents import desk, read_journal, ruled
-from tests.core.conftest import core_settings
 from tests.core.harness import Harness
 from tests.core.test_subagents import child_gate
 
@@ -32,27 +31,13 @@ async def answered(h: Harness, run_id: str, final: str, timeout: float = 15) -> 
 
 
 @pytest.fixture
-async def desk_h(
-    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
-) -> AsyncIterator[Harness]:
-    harness = Harness(redis, core_settings(redis_url, fake_openai.base_url), desk)
-    harness.start_worker()
-    try:
-        yield harness
-    finally:
-        await harness.close()
+async def desk_h(agent_harness: Callable[[Agent], Harness]) -> Harness:
+    return agent_harness(desk)
 
 
 @pytest.fixture
-async def ruled_h(
-    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
-) -> AsyncIterator[Harness]:
-    harness = Harness(redis, core_settings(redis_url, fake_openai.base_url), ruled)
-    harness.start_worker()
-    try:
-        yield harness
-    finally:
-        await harness.close()
+async def ruled_h(agent_harness: Callable[[Agent], Harness]) -> Harness:
+    return agent_harness(ruled)
 
 
 async def test_a_sub_agents_gate_names_every_person_the_top_run_had_read(

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import RunStatus
+from agent_core import Agent, RunStatus
 from agent_core.testing import FakeOpenAI, call, calls, filtered, reply, tool_messages
 from tests.agents import desk, read_journal
 from tests.core.conftest import core_settings
@@ -23,15 +23,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-async def h(
-    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
-) -> AsyncIterator[Harness]:
-    harness = Harness(redis, core_settings(redis_url, fake_openai.base_url), desk)
-    harness.start_worker()
-    try:
-        yield harness
-    finally:
-        await harness.close()
+async def h(agent_harness: Callable[[Agent], Harness]) -> Harness:
+    return agent_harness(desk)
 
 
 def told(*parts: str) -> Callable[[list[dict[str, Any]]], None]:
