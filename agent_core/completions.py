@@ -14,9 +14,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import provider_errors
+
 # Things that look like credentials, as providers echo them (masked or not) in errors.
 _SECRETS = re.compile(
-    r"\b(?:sk|rk|pk)-[A-Za-z0-9_\-*.…]{6,}"  # OpenAI-style keys, masked ones included
+    r"\b(?:sk|rk|pk|xai)-[A-Za-z0-9_\-*.…]{6,}"  # OpenAI-style and xAI keys, masked too
+    r"|\bAIza[A-Za-z0-9_\-]{20,}"  # Google API keys (Gemini)
     r"|\bxox[abposr]-[A-Za-z0-9\-]+"  # Slack tokens
     r"|\bxapp-[A-Za-z0-9\-]+"
     r"|(?i:bearer)\s+[A-Za-z0-9_\-.=:+/]{8,}"
@@ -26,13 +29,15 @@ _SECRETS = re.compile(
 class ModelResponseError(Exception):
     """The model endpoint answered, but not with a usable completion.
 
-    ``retryable`` when the body reports a provider failure worth trying again (a relayed
-    5xx or 429).
+    ``retryable`` when the body reports a provider failure worth trying again at once (a
+    relayed 5xx or 429); ``fixable`` unless a later retry of the run would get the same
+    answer (a relayed moderation or content-inspection refusal).
     """
 
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
+    def __init__(self, message: str, *, retryable: bool = False, fixable: bool = True) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.fixable = fixable
 
 
 def redact_secrets(text: str) -> str:
@@ -40,23 +45,36 @@ def redact_secrets(text: str) -> str:
     return _SECRETS.sub("[redacted]", text)
 
 
+# The fields of OpenAI's assistant message and tool call that the runner reads or rebuilds
+# itself, or that are output only (``annotations``, ``audio``; ``index`` of a streamed or
+# Ollama/Mistral call). Any other field is the provider's and is kept as it came.
+_MESSAGE_FIELDS = frozenset(
+    {"role", "content", "tool_calls", "refusal", "annotations", "audio", "function_call"}
+)
+_CALL_FIELDS = frozenset({"id", "type", "function", "index"})
+
+
 @dataclass(frozen=True)
 class ToolCall:
-    """One tool call requested by the model (``arguments`` as JSON text)."""
+    """One tool call requested by the model (``arguments`` as JSON text). ``extra``: the
+    provider's own fields of the call (Gemini's ``extra_content``), verbatim."""
 
     id: str
     name: str
     arguments: str
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
 @dataclass(frozen=True)
 class Completion:
-    """The first choice of a completion, as the runner needs it."""
+    """The first choice of a completion, as the runner needs it. ``extra``: the provider's
+    own fields of the message (DeepSeek's ``reasoning_content``), verbatim."""
 
     content: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     refusal: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
 def clean_text(text: str) -> str:
@@ -93,10 +111,7 @@ def parse_completion(data: Any) -> Completion:
         )
     err = data.get("error")
     if err and not data.get("choices"):
-        raise ModelResponseError(
-            f"the model provider returned an error: {_error_text(err)}",
-            retryable=_retryable(err),
-        )
+        raise _relayed(err)
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices:
         raise ModelResponseError("the response had no choices")
@@ -106,10 +121,9 @@ def parse_completion(data: Any) -> Completion:
     choice_error = choice.get("error")
     if choice_error or choice.get("finish_reason") == "error":
         # OpenRouter: a failure during generation comes back in a 200, inside the choice.
-        raise ModelResponseError(
-            f"the model provider returned an error: {_error_text(choice_error or 'unknown')}",
-            retryable=_retryable(choice_error) if choice_error else True,
-        )
+        if choice_error:
+            raise _relayed(choice_error)
+        raise ModelResponseError("the model provider returned an error: unknown", retryable=True)
     msg = choice.get("message")
     if not isinstance(msg, dict):
         raise ModelResponseError("the response's first choice has no message")
@@ -125,6 +139,7 @@ def parse_completion(data: Any) -> Completion:
         tool_calls=calls,
         finish_reason=reason if isinstance(reason, str) else None,
         refusal=clean_text(refusal) if isinstance(refusal, str) and refusal else None,
+        extra={k: v for k, v in msg.items() if k not in _MESSAGE_FIELDS},
     )
 
 
@@ -170,16 +185,27 @@ def _tool_call(index: int, value: Any) -> ToolCall:
         id=call_id if isinstance(call_id, str) else "",
         name=clean_text(name),
         arguments=clean_text(args),
+        extra={k: v for k, v in value.items() if k not in _CALL_FIELDS},
     )
 
 
 def _error_text(err: Any) -> str:
-    if isinstance(err, dict):
-        message = err.get("message")
-        code = err.get("code")
-        text = str(message) if message else json.dumps(err)[:300]
-        return f"{text} (code {code})" if code not in (None, "") else text
-    return str(err)[:300]
+    text = provider_errors.error_message(err) or json.dumps(err)[:300]
+    code = err.get("code") if isinstance(err, dict) else None
+    return f"{text} (code {code})" if code not in (None, "") else text
+
+
+def _relayed(err: Any) -> ModelResponseError:
+    """A provider's failure relayed in a 200 (OpenRouter), with its code as the status."""
+    code = err.get("code") if isinstance(err, dict) else None
+    try:
+        status: int | None = int(code)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        status = None
+    failure = provider_errors.classify(
+        status, err, f"the model provider returned an error: {_error_text(err)}"
+    )
+    return ModelResponseError(failure.message, retryable=_retryable(err), fixable=failure.retryable)
 
 
 def _retryable(err: Any) -> bool:

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 
 import openai
 
+from . import provider_errors
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 MAX_BACKOFF = 20.0
@@ -75,10 +77,14 @@ def backoff(attempt: int) -> float:
 
 def retryable(exc: BaseException) -> bool:
     """Errors worth calling the model again for: rate limits, server errors, timeouts and
-    connection errors (OpenAI's own client retries the same)."""
+    connection errors (OpenAI's own client retries the same). Never a 4xx that names its
+    cause (402 credits, 403, 413, a content inspection's 400): the same request would get
+    the same answer. A 429 that says the account is out of quota is not a rate limit."""
     if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
         return True
     if isinstance(exc, openai.APIStatusError):
+        if exc.status_code == 429 and provider_errors.billing(exc.body):
+            return False
         return exc.status_code in (408, 409, 429) or exc.status_code >= 500
     return False
 

@@ -15,8 +15,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
-import string
 import time
 from typing import Any
 
@@ -24,7 +22,7 @@ import openai
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from . import children, gating, messages, model_calls, scripts
+from . import children, gating, messages, model_calls, provider_errors, scripts, turns
 from .agent import Agent, AgentTool
 from .completions import (
     Completion,
@@ -45,51 +43,10 @@ log = logging.getLogger(__name__)
 
 MAX_OUTPUT_CHARS = 100_000
 EVENT_OUTPUT_CHARS = 2_000
-_ID_ALPHABET = string.ascii_letters + string.digits
-
-
-def new_call_id(taken: set[str]) -> str:
-    """A tool-call id every server accepts (9 characters of [A-Za-z0-9], Mistral's rule),
-    unique among ``taken``."""
-    while True:
-        cid = "".join(secrets.choice(_ID_ALPHABET) for _ in range(9))
-        if cid not in taken:
-            return cid
 
 
 def _now() -> str:
     return f"{time.time():.6f}"
-
-
-def _unusable_answer(c: Completion) -> str | None:
-    """Why a final answer cannot be shown as an answer (a provider's filter), or None."""
-    if c.finish_reason == "content_filter" and not (c.content or "").strip():
-        return (
-            "the model provider's content filter blocked the answer (finish_reason "
-            "content_filter); nothing was answered"
-        )
-    return None
-
-
-def _final_text(c: Completion) -> tuple[str, bool]:
-    """The final answer as the user should read it, and whether it was cut off."""
-    text = c.content or ""
-    if not text.strip() and c.refusal:
-        return f"The model refused: {c.refusal}", False
-    if c.finish_reason == "length":
-        return text + "\n\n[cut off: the answer reached the model's output limit]", True
-    if c.finish_reason == "content_filter":
-        return text + "\n\n[cut off by the model provider's content filter]", True
-    return text, False
-
-
-def _json_object_or_empty(arguments: str) -> str:
-    """``arguments`` when it is a JSON object, else ``"{}"`` (the model was told it was not)."""
-    try:
-        parsed = json.loads(arguments)
-    except (ValueError, RecursionError):
-        return "{}"
-    return arguments if isinstance(parsed, dict) else "{}"
 
 
 # What _execute returns for a call that started a child run: its result comes later.
@@ -276,11 +233,11 @@ class Runner:
         run_id = run["run_id"]
         k = self.keys
         # Counted from the run's latest continuation (Gateway.continue_run).
-        turns = turn - int(run.get("turns_from") or 0)
-        if turns >= self.max_turns:
+        taken = turn - int(run.get("turns_from") or 0)
+        if taken >= self.max_turns:
             await self.fail(
                 run_id,
-                f"stopped after {turns} model turns (MAX_TURNS): the agent kept calling tools",
+                f"stopped after {taken} model turns (MAX_TURNS): the agent kept calling tools",
                 fence,
             )
             return None
@@ -303,32 +260,27 @@ class Runner:
             completion = await self._complete_model(request, run_id, lost)
         except openai.APIError as exc:
             # Retried (429, 5xx, timeouts, connection errors) within OPENAI_RETRY_BUDGET.
-            # Nothing of this turn was recorded: the run can be retried from here.
-            status = getattr(exc, "status_code", None)
-            detail = f"HTTP {status}: " if status else ""
-            await self.fail(
-                run_id,
-                f"model API error ({type(exc).__name__}) {detail}{exc.message}",
-                fence,
-                retryable=True,
-            )
+            # Nothing of this turn was recorded: the run can be retried from here, unless
+            # the provider refuses the history itself (provider_errors.classify).
+            failure = provider_errors.api_failure(exc)
+            await self.fail(run_id, failure.message, fence, retryable=failure.retryable)
             return None
         except ModelResponseError as exc:
-            await self.fail(run_id, f"model API error: {exc}", fence, retryable=True)
+            await self.fail(run_id, f"model API error: {exc}", fence, retryable=exc.fixable)
             return None
         if not completion.tool_calls:
-            refused = _unusable_answer(completion)
+            refused = turns.unusable_answer(completion)
             if refused is not None:
                 await self.fail(run_id, refused, fence)
                 return None
         calls = completion.tool_calls
-        assistant: dict[str, Any] = {"role": "assistant", "content": completion.content}
+        wire: list[dict[str, Any]] = []
         fields: list[str] = []
         if calls:
-            assistant["tool_calls"], fields = self._plan_calls(turn + 1, calls, k.shard_of(run_id))
-            if assistant["content"] is None:
-                assistant["content"] = ""  # Ollama refuses a null content in the history
-        final, truncated = _final_text(completion)
+            wire, fields = self._plan_calls(turn + 1, calls, k.shard_of(run_id))
+        # Stored with the provider's own fields, which go back in every later request.
+        assistant = turns.assistant_message(completion, raw, wire)
+        final, truncated = turns.final_text(completion)
         completed = json.dumps(
             {
                 "run_id": run_id,
@@ -394,7 +346,7 @@ class Runner:
         for c in calls:
             cid = c.id
             if not cid or cid in seen:  # some servers omit or repeat ids
-                cid = new_call_id(taken | seen)
+                cid = turns.new_call_id(taken | seen)
             seen.add(cid)
             order.append(cid)
             wire.append(
@@ -403,7 +355,11 @@ class Runner:
                     "type": "function",
                     # Sent back in the history: vLLM and llama.cpp parse it as JSON and fail
                     # the whole request on text that is not a JSON object.
-                    "function": {"name": c.name, "arguments": _json_object_or_empty(c.arguments)},
+                    "function": {
+                        "name": c.name,
+                        "arguments": turns.json_object_or_empty(c.arguments),
+                    },
+                    **c.extra,  # e.g. Gemini's thought signature, which must come back
                 }
             )
             record: dict[str, Any] = {"id": cid, "name": c.name, "arguments": c.arguments}

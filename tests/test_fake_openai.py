@@ -23,6 +23,7 @@ from agent_core.testing import (
     reply,
     tool_messages,
 )
+from agent_core.testing.servers import thought_signature
 from tests.conftest import fail_on_fake_openai_errors
 
 
@@ -653,6 +654,9 @@ ID_FORMATS = {
     "ollama": r"call_[a-z0-9]{8}",
     "vllm": r"chatcmpl-tool-[0-9a-f]{32}",
     "llamacpp": r"[A-Za-z0-9]{32}",
+    "deepseek": r"call_\d+",
+    "gemini": r"call_\d+",
+    "anthropic": r"toolu_01[A-Za-z0-9]{22}",
 }
 
 
@@ -678,12 +682,15 @@ async def test_each_profile_answers_in_its_servers_shape(server: Any) -> None:
         "litellm": message.get("reasoning_content"),
         "openrouter": message.get("reasoning"),
         "mistral": (message["content"] or [{}])[0].get("thinking"),
+        "deepseek": message.get("reasoning_content"),
     }.get(server)
     assert reasoning in ("hmm", [{"type": "text", "text": "hmm"}]) or server in (
         "openai",
         "azure",
         "ollama",
         "groq",
+        "gemini",  # thoughts only with include_thoughts
+        "anthropic",  # never through the OpenAI layer
     )
     extra: dict[str, Callable[[], bool]] = {
         "azure": lambda: "prompt_filter_results" in first and "content_filter_results" in choice,
@@ -695,6 +702,16 @@ async def test_each_profile_answers_in_its_servers_shape(server: Any) -> None:
         ),
         "groq": lambda: first["x_groq"]["id"].startswith("req_"),
         "mistral": lambda: all(tc["index"] == k for k, tc in enumerate(message["tool_calls"])),
+        "deepseek": lambda: (
+            first["usage"]["completion_tokens_details"]["reasoning_tokens"] >= 0
+            and "prompt_cache_hit_tokens" in first["usage"]
+        ),
+        # One signature per step, on its first call only (parallel calls).
+        "gemini": lambda: (
+            [tc.get("extra_content") for tc in message["tool_calls"]]
+            == [{"google": {"thought_signature": thought_signature("a")}}, None]
+        ),
+        "anthropic": lambda: "reasoning_content" not in message,
     }
     assert extra.get(server, lambda: True)()
 

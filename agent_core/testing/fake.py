@@ -15,9 +15,18 @@ from typing import Any
 from aiohttp import web
 
 from agent_core.testing.server import ThreadedServer
-from agent_core.testing.servers import _RELAYS, _RULES, QUIRKS, SERVERS, ServerName
+from agent_core.testing.servers import (
+    _RELAYS,
+    _RULES,
+    QUIRKS,
+    SERVERS,
+    ServerName,
+    _thinking,
+    forwarded,
+)
 from agent_core.testing.shapes import (
     _REFUSALS,
+    _documented_failure,
     _litellm_relay,
     _openrouter_relay,
     _server_call_id,
@@ -160,7 +169,9 @@ class FakeOpenAI(ThreadedServer):
             self._responder = responder
 
     def fail_next(self, n: int = 1, status: int = 500, retry_after: float | None = None) -> None:
-        """Answer the next ``n`` chat requests with HTTP ``status`` (an OpenAI error body).
+        """Answer the next ``n`` chat requests with HTTP ``status``: the profile's own error
+        body where it is documented (Anthropic's 529 ``overloaded_error``, DeepSeek's 402
+        ``Insufficient Balance``, Gemini's list-shaped errors), else an OpenAI error body.
 
         ``retry_after`` (seconds, may be fractional) is sent as a ``Retry-After`` header.
         The failures are counted in :attr:`failures_served` and are not :attr:`errors`.
@@ -384,8 +395,9 @@ class FakeOpenAI(ThreadedServer):
             assert problem is not None
             return self._unexpected(problem[0], status=400, param=problem[1])
         rules_of = self._upstream or self._server
+        sent = forwarded(self._server, self._upstream, messages)
         violation = next(
-            (v for rule in _RULES[rules_of] if (v := rule(messages, body)) is not None), None
+            (v for rule in _RULES[rules_of] if (v := rule(sent, body)) is not None), None
         )
         if violation is None:
             return None
@@ -412,7 +424,10 @@ class FakeOpenAI(ThreadedServer):
             headers["Retry-After"] = (
                 str(int(retry_after)) if float(retry_after).is_integer() else str(retry_after)
             )
-        if status == 429:
+        body: Any
+        if (documented := _documented_failure(self._server, status)) is not None:
+            body = documented  # the profile's own words for this status
+        elif status == 429:
             body = _error_body(
                 "Rate limit reached (injected by FakeOpenAI.fail_next).",
                 "requests",
@@ -464,5 +479,5 @@ class FakeOpenAI(ThreadedServer):
                 "total_tokens": prompt_tokens + completion_tokens,
             },
         }
-        _shape(self._server, self._upstream, completion, step, self._quirks)
+        _shape(self._server, self._upstream, completion, step, self._quirks, _thinking(body))
         return completion

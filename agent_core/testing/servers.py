@@ -8,6 +8,8 @@ refuses with (``_RULES`` lists them per server). How each server words its answe
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import itertools
 import json
 import re
@@ -25,7 +27,18 @@ from agent_core.testing.steps import Message, _check_conversation
 # a detail (an exact wording) is not sourced, the comment says so.
 
 ServerName = Literal[
-    "openai", "azure", "ollama", "vllm", "llamacpp", "litellm", "openrouter", "groq", "mistral"
+    "openai",
+    "azure",
+    "ollama",
+    "vllm",
+    "llamacpp",
+    "litellm",
+    "openrouter",
+    "groq",
+    "mistral",
+    "deepseek",
+    "gemini",
+    "anthropic",
 ]
 SERVERS: tuple[ServerName, ...] = get_args(ServerName)
 """Every server profile :class:`FakeOpenAI` has."""
@@ -55,6 +68,9 @@ _PROVIDER_NAMES: Mapping[str, str] = {
     "llamacpp": "llama.cpp",
     "groq": "Groq",
     "mistral": "Mistral",
+    "deepseek": "DeepSeek",
+    "gemini": "Google AI Studio",
+    "anthropic": "Anthropic",
 }
 
 
@@ -353,6 +369,81 @@ def _rule_groq_unsupported(messages: list[Message], body: Mapping[str, Any]) -> 
     return None
 
 
+def _thinking(body: Mapping[str, Any]) -> bool:
+    """DeepSeek's thinking mode: on unless the request turns it off ("The thinking toggle
+    defaults to enabled", api-docs.deepseek.com/guides/thinking_mode)."""
+    thinking = body.get("thinking")
+    return not (isinstance(thinking, dict) and thinking.get("type") == "disabled")
+
+
+def _rule_deepseek_reasoning(messages: list[Message], body: Mapping[str, Any]) -> Violation | None:
+    # Thinking mode with tools: "Between two user messages, if the model performed a tool
+    # call, the intermediate assistant's reasoning_content must participate in the context
+    # concatenation and must be passed back to the API in all subsequent requests"
+    # (api-docs.deepseek.com/guides/thinking_mode, "Tool Calls"); an empty one too
+    # (deepseek-ai/deepseek-harness#1850). The 400's wording: AstrBot#4174, anomalyco/
+    # opencode#9397 (the field name in backticks, as the docs' markdown renders it).
+    if not _thinking(body):
+        return None
+    segment: list[int] = []
+    for i, m in enumerate([*messages, {"role": "user"}]):
+        if m.get("role") == "user":
+            if any(_calls_of(messages[j]) for j in segment):
+                for j in segment:
+                    if "reasoning_content" not in messages[j]:
+                        return Violation(
+                            "deepseek.reasoning_content",
+                            "Missing `reasoning_content` field in the assistant message at "
+                            f"message index {j}. For more information, please refer to "
+                            "https://api-docs.deepseek.com/guides/thinking_mode#tool-calls",
+                            code="invalid_request_error",
+                        )
+            segment = []
+        elif m.get("role") == "assistant":
+            segment.append(i)
+    return None
+
+
+def thought_signature(name: str) -> str:
+    """The thought signature the Gemini profile attaches to a call of ``name``: opaque
+    base64 of about 400 characters, as real ones are ("CrICAd…": a 306-byte protobuf,
+    discuss.ai.google.dev "OpenAI API compatibility broken due to thought_signature")."""
+    blob = b"".join(hashlib.sha256(f"{name}:{i}".encode()).digest() for i in range(10))
+    return "CrIC" + base64.b64encode(blob[:300]).decode()
+
+
+def _rule_gemini_signatures(messages: list[Message], body: Mapping[str, Any]) -> Violation | None:
+    # Gemini 3 through the OpenAI endpoint: each function-calling step of the current turn
+    # (since the last user message) must send back the signature its first call came with,
+    # in tool_calls[0].extra_content.google.thought_signature; "Missing signatures will
+    # result in a 400 error"; parallel calls carry one, on the first
+    # (ai.google.dev/gemini-api/docs/thought-signatures). Wording of the missing one:
+    # discuss.ai.google.dev/t/…/109823; of a changed one ("Corrupted thought signature.",
+    # INVALID_ARGUMENT): as public client code quotes it.
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    for i in range(last_user + 1, len(messages)):
+        calls = _calls_of(messages[i])
+        if messages[i].get("role") != "assistant" or not calls:
+            continue
+        fn = calls[0].get("function")
+        name = str(fn.get("name")) if isinstance(fn, dict) else ""
+        extra = calls[0].get("extra_content")
+        google = extra.get("google") if isinstance(extra, dict) else None
+        sent = google.get("thought_signature") if isinstance(google, dict) else None
+        if sent is None:
+            return Violation(
+                "gemini.thought_signature",
+                "Function call is missing a thought_signature in functionCall parts. This is "
+                "required for tools to work correctly, and missing thought_signature may lead "
+                f"to degraded model performance. Additional data, function call `default_api:"
+                f"{name}` , position {i}. please refer to https://ai.google.dev/gemini-api/docs"
+                "/thought-signatures for more details.",
+            )
+        if sent != thought_signature(name):
+            return Violation("gemini.thought_signature", "Corrupted thought signature.")
+    return None
+
+
 _RULES: Mapping[str, tuple[Rule, ...]] = {
     "openai": (
         _rule_tool_answers,
@@ -378,4 +469,33 @@ _RULES: Mapping[str, tuple[Rule, ...]] = {
         _rule_mistral_tool_answers,
         _rule_mistral_order,
     ),
+    "deepseek": (_rule_deepseek_reasoning, _rule_tool_answers),
+    "gemini": (_rule_gemini_signatures, _rule_tool_answers),
+    # Anthropic's OpenAI SDK compatibility layer: no rule beyond answered tool calls is
+    # documented as a refusal (platform.claude.com/docs/…/openai-sdk lists ignored fields).
+    "anthropic": (_rule_tool_answers,),
 }
+
+# The fields a relay takes as its own input and does not forward to the upstream as they
+# are: LiteLLM drops reasoning_content and thinking_blocks from assistant messages for
+# Mistral (BerriAI/litellm#30884, fixing #30835); OpenRouter takes reasoning and
+# reasoning_details back as its own ("preserving reasoning blocks",
+# openrouter.ai/docs/use-cases/reasoning-tokens).
+_RELAY_OWN_FIELDS: Mapping[tuple[str, str], frozenset[str]] = {
+    ("litellm", "mistral"): frozenset({"reasoning_content", "thinking_blocks"}),
+    **{
+        ("openrouter", u): frozenset({"reasoning", "reasoning_details"})
+        for u in ("openai", "azure", "ollama", "vllm", "llamacpp", "groq", "mistral")
+    },
+}
+
+
+def forwarded(server: str, upstream: str | None, messages: list[Message]) -> list[Message]:
+    """The messages as relay ``server`` forwards them to ``upstream`` (whose rules apply)."""
+    drop = _RELAY_OWN_FIELDS.get((server, upstream or ""), frozenset())
+    if not drop:
+        return messages
+    return [
+        {k: v for k, v in m.items() if k not in drop} if m.get("role") == "assistant" else m
+        for m in messages
+    ]

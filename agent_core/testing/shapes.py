@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from agent_core.testing.servers import _PROVIDER_NAMES, Violation
+from agent_core.testing.servers import _PROVIDER_NAMES, Violation, thought_signature
 from agent_core.testing.steps import Step, _error_body
 
 
@@ -39,7 +39,11 @@ def _server_call_id(server: str, seed: str) -> str:
         return "chatcmpl-tool-" + hashlib.sha256(seed.encode()).hexdigest()[:32]
     if server == "llamacpp":  # gen_tool_call_id(): 32 random [0-9A-Za-z] (server-common.cpp)
         return _derive(seed, _ALNUM, 32)
-    return seed  # OpenAI-style "call_…", as scripted
+    if server == "anthropic":  # "toolu_01UsBRMJWT8xAssuztCGEZNu" (anthropic-sdk-python#461)
+        return "toolu_01" + _derive(seed, _ALNUM, 22)
+    # OpenAI-style "call_…", as scripted. Gemini's format is not documented beyond the
+    # placeholder "function-call-1" of its thought-signatures page.
+    return seed
 
 
 def _openai_error(v: Violation) -> tuple[int, dict[str, Any]]:
@@ -103,13 +107,15 @@ def _groq_error(v: Violation) -> tuple[int, dict[str, Any]]:
     return v.status, {"error": error}
 
 
-def _error_text(body: Mapping[str, Any]) -> str:
+def _error_text(body: Any) -> str:
+    if isinstance(body, list):  # Google's list of errors
+        body = body[0] if body else {}
     err = body.get("error")
     message = err.get("message") if isinstance(err, dict) else body.get("message")
     return message if isinstance(message, str) else json.dumps(message)
 
 
-def _openrouter_relay(status: int, body: dict[str, Any], upstream: str) -> dict[str, Any]:
+def _openrouter_relay(status: int, body: Any, upstream: str) -> dict[str, Any]:
     # A provider's refusal comes back as "Provider returned error" with the provider's body in
     # metadata.raw (openrouter.ai/docs/api/reference/errors-and-debugging;
     # openclaw/openclaw#57672 shows Mistral's id rule relayed that way).
@@ -131,7 +137,7 @@ _LITELLM_CLASSES: Mapping[int, str] = {
 }
 
 
-def _litellm_relay(status: int, body: dict[str, Any], upstream: str) -> dict[str, Any]:
+def _litellm_relay(status: int, body: Any, upstream: str) -> dict[str, Any]:
     # "litellm.BadRequestError: MistralException - …", code as a string
     # (BerriAI/litellm#30882, #10083; jasonacox/TinyLLM#17 for the 429's "type").
     cls = _LITELLM_CLASSES.get(status, "InternalServerError" if status >= 500 else "APIError")
@@ -146,7 +152,54 @@ def _litellm_relay(status: int, body: dict[str, Any], upstream: str) -> dict[str
     }
 
 
-_REFUSALS: Mapping[str, Callable[[Violation], tuple[int, dict[str, Any]]]] = {
+def _deepseek_error(v: Violation) -> tuple[int, dict[str, Any]]:
+    # {"error": {"message", "type": "invalid_request_error", "param": null, "code":
+    # "invalid_request_error"}} (AstrBot#4174, 666ghj/BettaFish#108).
+    return v.status, _error_body(v.message, "invalid_request_error", code="invalid_request_error")
+
+
+_GOOGLE_STATUS: Mapping[int, str] = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    503: "UNAVAILABLE",
+}
+
+
+def _google_error(status: int, message: str) -> list[dict[str, Any]]:
+    # Gemini's OpenAI endpoint answers errors as a JSON list of Google error objects:
+    # [{"error": {"code", "message", "status"}}] (discuss.ai.google.dev/t/…/109823 for a 400,
+    # n4ze3m/page-assist#406 for a 429); status names from google.rpc.Code.
+    return [
+        {
+            "error": {
+                "code": status,
+                "message": message,
+                "status": _GOOGLE_STATUS.get(status, "UNKNOWN"),
+            }
+        }
+    ]
+
+
+def _gemini_error(v: Violation) -> tuple[int, Any]:
+    return v.status, _google_error(v.status, v.message)
+
+
+def _anthropic_error(v: Violation) -> tuple[int, dict[str, Any]]:
+    # The Claude API's error body, which its OpenAI layer keeps "consistent" with OpenAI's
+    # (an "error" object with "type" and "message"; platform.claude.com/docs/…/openai-sdk,
+    # "Error message compatibility"; the body as anthropics/claude-code#41628 quotes it).
+    return v.status, {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": v.message},
+        "request_id": "req_011CfakeRequest0000000000",
+    }
+
+
+_REFUSALS: Mapping[str, Callable[[Violation], tuple[int, Any]]] = {
     "openai": _openai_error,
     "azure": _azure_error,
     "ollama": _ollama_error,
@@ -154,7 +207,40 @@ _REFUSALS: Mapping[str, Callable[[Violation], tuple[int, dict[str, Any]]]] = {
     "llamacpp": _llamacpp_error,
     "groq": _groq_error,
     "mistral": _mistral_error,
+    "deepseek": _deepseek_error,
+    "gemini": _gemini_error,
+    "anthropic": _anthropic_error,
 }
+
+
+def _documented_failure(server: str, status: int) -> Any:
+    """The body ``server`` answers an injected ``status`` with, where it is documented
+    (else None: OpenAI's shape stands in)."""
+    if server == "anthropic" and status == 529:
+        # 529 overloaded_error: "Anthropic's API is temporarily overloaded"
+        # (platform.claude.com/docs/en/api/errors); body as anthropics/claude-code#41628 and
+        # cline/cline#52 quote it.
+        return {
+            "type": "error",
+            "error": {"type": "overloaded_error", "message": "Overloaded"},
+            "request_id": "req_011CfakeRequest0000000000",
+        }
+    if server == "deepseek" and status == 402:
+        # "402 - Insufficient Balance" (api-docs.deepseek.com/quick_start/error_codes); body
+        # as Aider-AI/aider#4851 quotes it.
+        return {
+            "error": {
+                "message": "Insufficient Balance",
+                "type": "unknown_error",
+                "param": None,
+                "code": "invalid_request_error",
+            }
+        }
+    if server == "gemini":
+        if status == 429:
+            return _google_error(429, "Resource has been exhausted (e.g. check quota).")
+        return _google_error(status, f"Injected {status} by FakeOpenAI.fail_next.")
+    return None
 
 
 def _filter_results(category: str | None) -> dict[str, Any]:
@@ -173,8 +259,10 @@ def _shape(
     completion: dict[str, Any],
     step: Step,
     quirks: Collection[str],
+    thinking: bool = True,
 ) -> None:
-    """Turn an OpenAI-shaped completion into ``server``'s shape, in place."""
+    """Turn an OpenAI-shaped completion into ``server``'s shape, in place. ``thinking``:
+    the request left DeepSeek's thinking mode on."""
     choice = completion["choices"][0]
     message = choice["message"]
     calls = message.get("tool_calls") or []
@@ -255,6 +343,34 @@ def _shape(
         # reasoning_content (its standard field, BerriAI/litellm#30835).
         if step.reasoning is not None:
             message["reasoning_content"] = step.reasoning
+    elif server == "deepseek":
+        # Thinking mode: reasoning_content "at the same level as content", "" when the model
+        # did not think aloud; usage with reasoning_tokens and the cache hit/miss counts
+        # (api-docs.deepseek.com/guides/thinking_mode and /api/create-chat-completion).
+        message.pop("refusal", None)
+        if thinking:
+            message["reasoning_content"] = step.reasoning or ""
+        usage = completion["usage"]
+        usage["prompt_cache_hit_tokens"] = 0
+        usage["prompt_cache_miss_tokens"] = usage["prompt_tokens"]
+        usage["completion_tokens_details"] = {
+            "reasoning_tokens": len(step.reasoning or "") // 4 if thinking else 0
+        }
+    elif server == "gemini":
+        # One thought signature per function-calling step, on its first call, under
+        # extra_content.google (ai.google.dev/gemini-api/docs/thought-signatures, "OpenAI
+        # compatibility"). Thoughts are not returned unless include_thoughts is asked for
+        # (ai.google.dev/gemini-api/docs/openai); no refusal field.
+        message.pop("refusal", None)
+        if calls:
+            calls[0]["extra_content"] = {
+                "google": {"thought_signature": thought_signature(calls[0]["function"]["name"])}
+            }
+    elif server == "anthropic":
+        # "the OpenAI SDK won't return Claude's detailed thought process"; refusal and
+        # system_fingerprint "Always empty" (platform.claude.com/docs/…/openai-sdk).
+        message["refusal"] = None
+        completion["system_fingerprint"] = None
     if "stop_with_tool_calls" in quirks and calls:
         choice["finish_reason"] = "stop"
     for tc in calls:
@@ -284,7 +400,7 @@ def _reset_value(header: str, left: float) -> str:
 
 def _too_many_requests(
     server: str, upstream: str | None, left: float, header: str | None, model: str
-) -> tuple[dict[str, str], dict[str, Any]]:
+) -> tuple[dict[str, str], Any]:
     """The headers and body of ``server``'s 429 while ``left`` seconds of limit remain."""
     wait = max(1, math.ceil(left))
     body: dict[str, Any]
@@ -326,6 +442,14 @@ def _too_many_requests(
                 "default rate limit.",
             }
         }
+    elif server == "gemini":
+        # A list of Google errors, no hint header (n4ze3m/page-assist#406 quotes the 429 of
+        # the OpenAI endpoint: "Resource has been exhausted (e.g. check quota).").
+        headers = {}
+        list_body = _google_error(429, "Resource has been exhausted (e.g. check quota).")
+        if header is not None:
+            headers = {header: _reset_value(header, left)}
+        return headers, list_body
     elif server == "openrouter":
         # Retry-After on 429 (openrouter.ai/docs/api/errors); the provider's limit relayed as
         # "Provider returned error" with metadata.raw, provider_name and retry_after_seconds

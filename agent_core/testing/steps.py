@@ -97,22 +97,25 @@ def filtered(
 
 
 def raw_response(
-    body: str | Mapping[str, Any],
+    body: str | Mapping[str, Any] | Sequence[Any],
     *,
     status: int = 200,
     content_type: str | None = None,
     expect: Expect | None = None,
 ) -> Step:
     """A turn answered with this exact body, as odd servers and relays answer: an HTML page
-    with a 200, a 200 carrying an ``error`` object, content as a list of chunks…
+    with a 200, a 200 carrying an ``error`` object, content as a list of chunks, an error
+    body that is a JSON list (Gemini)…
 
-    A mapping is JSON-encoded (``application/json``); a string is sent as is
+    A mapping or a list is JSON-encoded (``application/json``); a string is sent as is
     (``text/html`` unless ``content_type`` says otherwise).
     """
     if isinstance(body, str):
         text, ctype = body, content_type or "text/html"
-    else:
+    elif isinstance(body, Mapping):
         text, ctype = json.dumps(dict(body)), content_type or "application/json"
+    else:
+        text, ctype = json.dumps(list(body)), content_type or "application/json"
     return Step(content=None, raw=(status, ctype, text), expect=expect)
 
 

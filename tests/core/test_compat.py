@@ -9,6 +9,7 @@ whose requests broke a rule of the server (``FakeOpenAI.errors``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -31,6 +32,7 @@ from agent_core.testing import (
     reply,
     tool_messages,
 )
+from agent_core.testing.servers import thought_signature
 from tests.agents import read_journal, strict
 from tests.conftest import fail_on_fake_openai_errors
 from tests.core.conftest import core_settings
@@ -69,19 +71,33 @@ async def worker_for(
         await h.close()
 
 
-def sent_back_cleanly(messages: Messages) -> None:
-    """The history the worker sends back: only the fields every server accepts, content a
-    string, arguments JSON text, and each call answered by its own tool message."""
+def sent_back_cleanly(
+    messages: Messages,
+    provider_fields: dict[str, Any] | None = None,
+    call_fields: dict[str, Any] | None = None,
+) -> None:
+    """The history the worker sends back: the standard fields plus, on an assistant turn
+    that called tools, exactly the provider's own fields it came with (``provider_fields``;
+    ``call_fields`` on its first call), content a string, arguments JSON text, and each call
+    answered by its own tool message."""
     allowed = {
         "assistant": {"role", "content", "tool_calls"},
         "tool": {"role", "content", "tool_call_id"},
     }
     for m in messages:
-        assert set(m) <= allowed.get(m["role"], {"role", "content"}), m
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            extra = {k: v for k, v in m.items() if k not in allowed["assistant"]}
+            assert extra == (provider_fields or {}), m
+            first = m["tool_calls"][0]
+            assert {k: v for k, v in first.items() if k not in ("id", "type", "function")} == (
+                call_fields or {}
+            ), first
+        else:
+            assert set(m) <= allowed.get(m["role"], {"role", "content"}), m
         assert isinstance(m["content"], str), m
     calls_sent = [tc for m in messages for tc in m.get("tool_calls") or []]
     for tc in calls_sent:
-        assert set(tc) == {"id", "type", "function"}, tc
+        assert {"id", "type", "function"} <= set(tc), tc
         assert isinstance(json.loads(tc["function"]["arguments"]), dict), tc
     ids = [tc["id"] for tc in calls_sent]
     assert [t["tool_call_id"] for t in tool_messages(messages)] == ids
@@ -105,6 +121,20 @@ PROFILES: list[Any] = [
 ]
 
 
+THOUGHT = "Look it up first, then delete."
+# What each profile attaches to a turn that calls tools, which must come back as it came.
+SENT_BACK: dict[str, dict[str, Any]] = {
+    "vllm": {"reasoning_content": THOUGHT},
+    "llamacpp": {"reasoning_content": THOUGHT},
+    "litellm": {"reasoning_content": THOUGHT},
+    "openrouter": {"reasoning": THOUGHT},
+    "deepseek": {"reasoning_content": THOUGHT},
+}
+CALL_SENT_BACK: dict[str, dict[str, Any]] = {
+    "gemini": {"extra_content": {"google": {"thought_signature": thought_signature("lookup")}}},
+}
+
+
 @pytest.mark.parametrize(("server", "options"), PROFILES)
 async def test_a_gated_and_an_ungated_call_then_the_answer(
     server: ServerName,
@@ -114,10 +144,12 @@ async def test_a_gated_and_an_ungated_call_then_the_answer(
     redis_url: str,
     journal: Path,
 ) -> None:
+    """DeepSeek refuses the follow-up without the turn's reasoning_content, Gemini without
+    its thought signature: the worker sends back what each gave, and nothing else."""
     fake = make_fake(server, **options)
 
     def told(messages: Messages) -> None:
-        sent_back_cleanly(messages)
+        sent_back_cleanly(messages, SENT_BACK.get(server), CALL_SENT_BACK.get(server))
         results = [t["content"] for t in tool_messages(messages)]
         assert results == ["value of k1", "user 42 deleted"]
 
@@ -126,7 +158,7 @@ async def test_a_gated_and_an_ungated_call_then_the_answer(
         [
             calls(
                 [("lookup", {"key": "k1"}), ("delete_user", {"user_id": "42"})],
-                reasoning="Look it up first, then delete.",
+                reasoning=THOUGHT,
             ),
             reply("User 42 is deleted.", reasoning="Both calls ran.", expect=told),
         ],
@@ -138,10 +170,111 @@ async def test_a_gated_and_an_ungated_call_then_the_answer(
         assert read_journal(str(journal)) == ["lookup:k1"]  # the un-gated call did not wait
         await h.gateway.decide(gate.data["gate_id"], "approve", by="U2")
         done = await h.wait_finished(run.run_id)
+        history = await h.history(run.run_id)
     assert (done.status, done.final) == (RunStatus.COMPLETED, "User 42 is deleted.")
     assert "Both calls ran" not in (done.final or "")  # reasoning is not the answer
+    # The answer to tool results keeps its reasoning too (DeepSeek wants every assistant
+    # message of a segment with tool calls to carry it).
+    kept = {k: "Both calls ran." for k in SENT_BACK.get(server, {})}
+    assert history[-1] == {"role": "assistant", "content": "User 42 is deleted.", **kept}
     assert read_journal(str(journal)) == ["lookup:k1", "delete_user:42"]
     assert len(fake.requests_for(FLOW)) == 2
+
+
+# ------------------------------------------------- the model call after the approved call
+async def _completed(h: Harness, run_id: str) -> Any:
+    for _ in range(200):
+        run = await h.gateway.get_run(run_id)
+        assert run is not None
+        if run.status is RunStatus.COMPLETED:
+            return run
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"run {run_id} is {run.status}")
+
+
+@pytest.mark.parametrize(
+    ("server", "failing", "error", "auto_retried"),
+    [
+        # Out of balance: never retried automatically, the cause named after one request.
+        pytest.param(
+            "deepseek",
+            lambda fake: fake.fail_next(1, status=402),
+            "model API error (APIStatusError) HTTP 402: Insufficient Balance (code "
+            "invalid_request_error) — the model provider's account is out of credits or "
+            "balance; top it up first",
+            False,
+            id="deepseek-402",
+        ),
+        # Out of quota past the retry budget: Gemini's list-shaped 429.
+        pytest.param(
+            "gemini",
+            lambda fake: fake.rate_limit(60),
+            "model API error (RateLimitError) HTTP 429: Resource has been exhausted (e.g. check "
+            "quota). (RESOURCE_EXHAUSTED)",
+            True,
+            id="gemini-429",
+        ),
+        # Overloaded past the retry budget.
+        pytest.param(
+            "anthropic",
+            lambda fake: fake.fail_next(50, status=529),
+            "model API error (InternalServerError) HTTP 529: Overloaded",
+            True,
+            id="anthropic-529",
+        ),
+    ],
+)
+async def test_a_provider_failing_after_the_approved_call_leaves_a_retryable_run(
+    server: ServerName,
+    failing: Callable[[FakeOpenAI], None],
+    error: str,
+    auto_retried: bool,
+    make_fake: MakeFake,
+    redis: Redis,
+    redis_url: str,
+    journal: Path,
+) -> None:
+    """The approved call ran, then the provider failed the next model call: the run fails
+    retryable with the provider's own words; once the provider is fixed, /agent retry asks
+    again with the stored turn (its reasoning or signature intact) and completes, and the
+    call never runs again."""
+    fake = make_fake(server)
+
+    def told(messages: Messages) -> None:
+        sent_back_cleanly(messages, SENT_BACK.get(server), CALL_SENT_BACK.get(server))
+        assert [t["content"] for t in tool_messages(messages)] == ["value of k1", "user 7 deleted"]
+
+    task = "look up k1, then delete user 7"
+    fake.script(
+        task,
+        [
+            calls(
+                [("lookup", {"key": "k1"}), ("delete_user", {"user_id": "7"})], reasoning=THOUGHT
+            ),
+            reply("User 7 is deleted.", expect=told),
+        ],
+    )
+    async with worker_for(
+        redis, redis_url, fake, OPENAI_MAX_RETRIES=4, OPENAI_RETRY_BUDGET=1.5
+    ) as h:
+        run = await h.gateway.start_run(task, requested_by="U1")
+        [gate] = await h.opened_gates(run.run_id, 1)
+        failing(fake)
+        await h.gateway.decide(gate.data["gate_id"], "approve", by="U2")
+        failed = await h.wait_finished(run.run_id, timeout=20)
+        assert (failed.status, failed.error, failed.retryable) == (RunStatus.FAILED, error, True)
+        event = await h.wait_event(run.run_id, "run.failed")
+        assert event.data["retryable"] is True and event.data["error"] == error
+        refused = fake.failures_served
+        assert (refused > 1) is auto_retried and refused <= 5, refused
+        assert read_journal(str(journal)) == ["lookup:k1", "delete_user:7"]
+
+        fake.clear_failures()  # topped up, quota reset, capacity back
+        await h.gateway.retry_run(run.run_id, by="U1")
+        done = await _completed(h, run.run_id)
+    assert done.final == "User 7 is deleted."
+    assert read_journal(str(journal)) == ["lookup:k1", "delete_user:7"]  # nothing ran again
+    assert len(fake.requests_for(task)) == 2 + refused
 
 
 # ----------------------------------------------------------------------------- odd shapes
