@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import re
+import secrets
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -320,6 +321,7 @@ class Gateway:
             raise RunNotFound(f"no run {run_id!r}")
         k = self.keys
         shard = k.shard_of(run_id)
+        attempt = secrets.token_hex(8)  # a retry whose first reply was lost: "cancelled"
         for _ in range(10):
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.smembers(k.run_gates(run_id))
@@ -348,6 +350,7 @@ class Gateway:
                     run_id,
                     turn,
                     told,
+                    attempt,
                     *gate_ids,
                 ],
             )
@@ -579,7 +582,8 @@ class Gateway:
             status,
             by,
             clean_text(reason or "")[:MAX_REASON_CHARS],
-            "",
+            # Made once: a decision whose reply was lost, tried again, is told it decided.
+            secrets.token_hex(8),
             run_id,
             seen_hash,
         ]
