@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 
 GROUP = "bot"
 NEVER_RAN = "the run was cancelled before this call started"
+# An event that could not be shown (its card's lock busy, Redis or Slack failing) is tried
+# again by the same loop after these pauses (seconds), instead of waiting, pending, until the
+# group claims it again after 30 s idle; after the last one it is left to that claim.
+RETRY_PAUSES = (1.0, 2.0, 4.0, 8.0)
 
 
 def consumer_name() -> str:
@@ -76,9 +80,18 @@ class Notifier:
     async def _loop(self, source: EventConsumerLike, stop: asyncio.Event) -> None:
         stopping = asyncio.create_task(stop.wait())
         backoff = 0.5
+        # Events that failed, by stream and id: (the event, its failures, when to try again).
+        later: dict[str, tuple[Event, int, float]] = {}
+        loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
-                reading = asyncio.create_task(source.read(count=self.batch, block_ms=self.block_ms))
+                if later:
+                    await self._retry_due(source, later)
+                block_ms = self.block_ms
+                if later:  # wake up for the next retry
+                    wait = min(due for _, _, due in later.values()) - loop.time()
+                    block_ms = max(1, min(block_ms, int(wait * 1000)))
+                reading = asyncio.create_task(source.read(count=self.batch, block_ms=block_ms))
                 await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
                 if not reading.done():
                     # Stopping: let the blocked read end by itself (cancelling it mid-command
@@ -103,12 +116,24 @@ class Notifier:
                 backoff = 0.5
                 # Delivered to us: handle them even when stopping.
                 handled = await self.handle_batch(events)
-                try:
-                    await source.ack_many(handled)
-                except (RedisError, OSError) as exc:
-                    log.warning("ack of %d event(s) failed: %s", len(handled), type(exc).__name__)
+                await _ack(source, handled)
+                _defer(later, events, handled, loop.time())
         finally:
             stopping.cancel()
+
+    async def _retry_due(
+        self, source: EventConsumerLike, later: dict[str, tuple[Event, int, float]]
+    ) -> None:
+        """Handle again the failed events whose pause is over (in stream order)."""
+        now = asyncio.get_running_loop().time()
+        due = [e for e, _, at in later.values() if at <= now]
+        due.sort(key=lambda e: (e.stream, _id_key(e.id)))
+        if not due:
+            return
+        failures = {_key(e): later.pop(_key(e))[1] for e in due}
+        handled = await self.handle_batch(due)
+        await _ack(source, handled)
+        _defer(later, due, handled, asyncio.get_running_loop().time(), failures)
 
     async def handle_batch(self, events: list[Event]) -> list[Event]:
         """Handle a batch of events; the events that may be acknowledged.
@@ -309,6 +334,39 @@ class Notifier:
         text = cards.tool_message(str(data.get("tool") or "tool"), ok, in_doubt)
         marker = f"tool:{data.get('call_id') or ''}"
         await self.publisher.post_in_thread(run_id, origin, marker, [text])
+
+
+async def _ack(source: EventConsumerLike, handled: list[Event]) -> None:
+    try:
+        await source.ack_many(handled)
+    except (RedisError, OSError) as exc:
+        log.warning("ack of %d event(s) failed: %s", len(handled), type(exc).__name__)
+
+
+def _defer(
+    later: dict[str, tuple[Event, int, float]],
+    events: list[Event],
+    handled: list[Event],
+    now: float,
+    failures: dict[str, int] | None = None,
+) -> None:
+    """Schedule the events that failed for another try (see RETRY_PAUSES)."""
+    done = {_key(e) for e in handled}
+    for event in events:
+        if _key(event) in done:
+            continue
+        n = (failures or {}).get(_key(event), 0)
+        if n < len(RETRY_PAUSES):
+            later[_key(event)] = (event, n + 1, now + RETRY_PAUSES[n])
+
+
+def _key(event: Event) -> str:
+    return f"{event.stream}\n{event.id}"
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return (int(ms), int(seq or 0)) if ms.isdigit() and (seq or "0").isdigit() else (0, 0)
 
 
 def _thread_of(event: Event) -> str:
