@@ -505,7 +505,11 @@ async def run_worker(
     settings.require_openai()
     if agent is None:
         agent = load_agents(settings)
-    redis = await reachable_redis(settings.redis_url, settings.redis_cluster)
+    redis = await reachable_redis(
+        settings.redis_url,
+        settings.redis_cluster,
+        failover_window=settings.redis_failover_window,
+    )
     try:
         assert settings.openai_api_key is not None
         client = AsyncOpenAI(
