@@ -6,11 +6,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
+from .cluster_client import DEFAULT_FAILOVER_WINDOW, FailoverCluster
 from .exceptions import ConfigError
 from .streams import is_cluster
 
@@ -39,23 +39,31 @@ def create_redis(url: str, *, socket_timeout: float = 10.0, max_connections: int
     return Redis.from_pool(pool)
 
 
-def create_cluster(url: str, *, socket_timeout: float = 10.0, max_connections: int = 64) -> Redis:
-    """redis-py's Redis Cluster client for a cluster reachable at ``url`` (any node).
+def create_cluster(
+    url: str,
+    *,
+    socket_timeout: float = 10.0,
+    max_connections: int = 64,
+    failover_window: float = DEFAULT_FAILOVER_WINDOW,
+) -> Redis:
+    """A Redis Cluster client for a cluster reachable at ``url`` (any node).
 
-    It follows MOVED and ASK redirections (a slot moved by resharding, a replica promoted by
-    a failover) and refreshes its slot table; a command is retried on connection errors,
-    which is safe for the same reason as in :func:`create_redis`.
+    redis-py's cluster client (it follows MOVED and ASK redirections and refreshes its slot
+    table), with :class:`~agent_core.cluster_client.FailoverCluster`'s changes: a command
+    that fails while a master fails over is retried for up to ``failover_window`` seconds,
+    and one master's failover no longer breaks the commands of the others. Retrying is safe
+    for the same reason as in :func:`create_redis`.
     """
-    client: Redis = RedisCluster.from_url(
+    client: Redis = FailoverCluster.from_url(
         url,
         decode_responses=True,
         socket_timeout=socket_timeout,
         socket_connect_timeout=5.0,
         max_connections=max_connections,
-        # Each retry rebuilds the slot table (redis-py ignores the backoff here): 20 cover
-        # about a second. A failover takes longer (the node timeout): the callers' own
-        # retry loops (worker, notifier, the bot's ack budget) carry it the rest of the way.
-        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=20),
+        failover_window=failover_window,
+        # redis-py's own retries come at once, one after the other: a couple absorb a
+        # stale connection; the failover window (with a backoff) does the rest.
+        retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), retries=2),
         retry_on_error=[ConnectionError, TimeoutError],
         # A MOVED (a slot moved by resharding) patches that slot only. Rebuilding the whole
         # table closes every connection of the nodes it replaces, including ones other
@@ -65,9 +73,16 @@ def create_cluster(url: str, *, socket_timeout: float = 10.0, max_connections: i
     return client
 
 
-async def connect_redis(url: str, cluster: bool | None = None, **kwargs: float | int) -> Redis:
+async def connect_redis(
+    url: str,
+    cluster: bool | None = None,
+    *,
+    failover_window: float = DEFAULT_FAILOVER_WINDOW,
+    **kwargs: float | int,
+) -> Redis:
     """A client for ``url``: the cluster client when ``cluster`` is true, or when it is None
-    and the server says it is a cluster node; else :func:`create_redis`'s."""
+    and the server says it is a cluster node; else :func:`create_redis`'s.
+    ``failover_window``: see :func:`create_cluster`."""
     if cluster is None:
         probe = create_redis(url, **kwargs)  # type: ignore[arg-type]
         try:
@@ -78,7 +93,7 @@ async def connect_redis(url: str, cluster: bool | None = None, **kwargs: float |
         finally:
             await probe.aclose()
     if cluster:
-        client = create_cluster(url, **kwargs)  # type: ignore[arg-type]
+        client = create_cluster(url, failover_window=failover_window, **kwargs)  # type: ignore[arg-type]
         # Learn the slot table now: left to the first commands, a dozen readers starting at
         # once each rebuild it and close the connections the others are using.
         await client.initialize()
@@ -86,10 +101,12 @@ async def connect_redis(url: str, cluster: bool | None = None, **kwargs: float |
     return create_redis(url, **kwargs)  # type: ignore[arg-type]
 
 
-async def reachable_redis(url: str, cluster: bool | None = None) -> Redis:
+async def reachable_redis(
+    url: str, cluster: bool | None = None, *, failover_window: float = DEFAULT_FAILOVER_WINDOW
+) -> Redis:
     """:func:`connect_redis`, then PING: a :class:`ConfigError` naming REDIS_URL (its
     password hidden) when the server does not answer."""
-    redis = await connect_redis(url, cluster)
+    redis = await connect_redis(url, cluster, failover_window=failover_window)
     try:
         await redis.ping()
     except (RedisError, OSError) as exc:
@@ -106,7 +123,11 @@ async def eval_replicated(
     """Run a Lua script, then WAIT until ``replicas`` replicas have its writes (at most
     ``wait_ms``); the script's result and the replicas reached. WAIT counts the writes of
     its own connection: a pipeline sends both on one (on a cluster, to the node of
-    ``keys[0]``). EVAL, not EVALSHA: a replica just promoted has no script cache."""
+    ``keys[0]``, again on every retry). EVAL, not EVALSHA: a replica just promoted has no
+    script cache."""
+    if isinstance(redis, FailoverCluster):
+        result, reached = await redis.eval_and_wait(script, keys, args, replicas, wait_ms)
+        return result, int(reached)
     pipe = redis.pipeline(transaction=False)
     pipe.eval(script, len(keys), *keys, *args)
     wait = ("WAIT", replicas, wait_ms)

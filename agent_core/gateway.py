@@ -603,7 +603,8 @@ class Gateway:
             status,
             by,
             clean_text(reason or "")[:MAX_REASON_CHARS],
-            "",
+            # Made once: a decision whose reply was lost, tried again, is told it decided.
+            secrets.token_hex(8),
             run_id,
             seen_hash,
         ]

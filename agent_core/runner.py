@@ -250,8 +250,8 @@ class Runner:
                 keys=[k.run(run_id), k.history(run_id), k.authors(run_id), k.run_inbox(run_id)],
                 args=[fence],
             )
-        cur_fence, until, cur_turn, phase, now, *raw = read
-        if cur_fence != fence or float(until or 0) <= float(now):
+        cur_fence, until, cur_turn, phase, _, *raw = read
+        if cur_fence != fence or float(until or 0) <= 0:  # taken over, or released
             raise LeaseLost(run_id)
         if cur_turn != str(turn) or phase != "model":
             return None  # cancelled meanwhile
@@ -547,14 +547,20 @@ class Runner:
             return await self._spawn(run, turn, call, t, fence)
         run_id, cid = run["run_id"], call["id"]
         tkey = self.keys.turn(run_id, turn)
+        # The attempt id is made once: a claim whose reply was lost, tried again, is told
+        # "yours" instead of finding the call claimed (by itself) and reporting it in doubt.
+        attempt = new_attempt()
         claim = await self._claim_call(
-            [self.keys.run(run_id), tkey], [fence, turn, cid, "1" if t.idempotent else "0"]
+            [self.keys.run(run_id), tkey], [fence, turn, cid, "1" if t.idempotent else "0", attempt]
         )
         if claim[0] == "lost":
             raise LeaseLost(run_id)
         if claim[0] == "stopped":
             log.info("run %s is %s: %s not started", run_id, claim[1], t.name)
             return None
+        if claim[0] == "yours":
+            log.info("run %s: the claim of %s was applied, its reply lost", run_id, t.name)
+            claim = ["ok", ""]
         previous = claim[1]
         in_doubt = False
         if claim[0] == "ok":
@@ -615,7 +621,7 @@ class Runner:
         claim, replicas = await eval_replicated(
             self.redis, scripts.CLAIM_CALL, keys, args, self.claim_replicas, self.claim_wait_ms
         )
-        if claim and claim[0] == "ok" and replicas < self.claim_replicas:
+        if claim and claim[0] in ("ok", "yours") and replicas < self.claim_replicas:
             log.error(
                 "call %s of %s: its claim reached %s of %s replicas within %s ms; the tool "
                 "runs anyway, and a failover now could run it again",

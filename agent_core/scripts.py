@@ -1,17 +1,21 @@
 """Lua scripts: every state transition that must be atomic.
 
 Each script names its KEYS and ARGV in a header comment. Every key arrives in KEYS (built by
-:mod:`agent_core.keys`); none is built inside Lua. Every script is safe to run twice (redis-py
-retries a command after a connection error): the second run finds the state already moved and
-changes nothing. Every script validates its inputs before its first write, so none can fail
-half-way through.
+:mod:`agent_core.keys`); none is built inside Lua. Every script is safe to run twice (a command
+is retried after a connection error or through a failover): the second run changes nothing,
+and when the first run's reply was lost it answers as the first did, recognising its own
+effect (a call's claimant, the attempt that decided a gate or took a lease, the run's last
+step under a fence). Every script validates its inputs before its first write, so none can
+fail half-way through.
 
 Leases and fencing: a worker advances a run only while it holds the run's lease, kept in the
 run hash as ``fence`` (a counter bumped at every acquisition: the fencing token) and
 ``lease_until`` (Redis clock). Every script that advances a run takes the worker's fence and
-checks, inside the script, that it is still the current one and that the lease has not run
-out. A worker that was paused past its lease (GC, VM pause, SIGSTOP, a blocked event loop)
-gets ``lost`` back and writes nothing.
+checks, inside the script, that it is still the current one and the lease not released. A
+lease that ran out lets another worker take the run over (bumping the fence); until one
+does, the holder is still the only writer and its renewal takes the lease up again (a worker
+cut off by a failover for longer than its lease carries on). A worker paused past its lease
+(GC, VM pause, SIGSTOP, a blocked event loop) and taken over gets ``lost`` and writes nothing.
 
 The scripts that stop a run (CANCEL_RUN, FAIL_RUN) are in :mod:`agent_core.stopping`, those
 that put a stopped run back to work in :mod:`agent_core.reopen_scripts`.
@@ -23,15 +27,22 @@ consumer group has read them (see :mod:`agent_core.trimmer`).
 from __future__ import annotations
 
 # Shared Lua helpers, prepended to the scripts that need them.
-# now(): the Redis clock in seconds. holds(run_key, fence): the caller's lease is current.
+# now(): the Redis clock in seconds. holds(run_key, fence): the run is still the caller's.
+# done_step/step_done: record/recognise a step (kind and turn) written under this fence.
 _HELPERS = """
 local function now()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 local function holds(run_key, fence)
-  return redis.call('HGET', run_key, 'fence') == fence
-    and tonumber(redis.call('HGET', run_key, 'lease_until') or '0') > now()
+  local h = redis.call('HMGET', run_key, 'fence', 'lease_until')
+  return h[1] == fence and tonumber(h[2] or '0') > 0
+end
+local function done_step(run_key, fence, step)
+  redis.call('HSET', run_key, 'step', fence .. ':' .. step)
+end
+local function step_done(run_key, fence, step)
+  return redis.call('HGET', run_key, 'step') == fence .. ':' .. step
 end
 local function finished(st)
   return st == 'completed' or st == 'failed' or st == 'cancelled'
@@ -141,7 +152,7 @@ local function read_for_model(run_key, history_key, authors_key, inbox_key, fenc
   local h = redis.call('HMGET', run_key, 'fence', 'lease_until', 'turn', 'phase', 'status')
   local t = redis.call('TIME')
   local tnow = tonumber(t[1]) + tonumber(t[2]) / 1000000
-  if h[1] == fence and tonumber(h[2] or '0') > tnow and h[4] == 'model'
+  if h[1] == fence and tonumber(h[2] or '0') > 0 and h[4] == 'model'
     and h[5] == 'running' then
     local queued = redis.call('LRANGE', inbox_key, 0, -1)
     local by = nil
@@ -221,23 +232,33 @@ return ARGV[2]
 # `tools` (the calls to run next: one round trip fewer).
 # KEYS[1] run hash, KEYS[2] events stream (optional), KEYS[3] the turn's hash (optional)
 # ARGV[1] lease in ms, ARGV[2] worker name (for people reading the run), ARGV[3] agent name
-# (for run.started when the run hash names none; with KEYS[2]), ARGV[4] the turn (with KEYS[3])
+# (for run.started when the run hash names none; with KEYS[2]), ARGV[4] the turn (with KEYS[3];
+# else ''), ARGV[5] the caller's attempt id (optional: made once, kept across retries)
 # Returns {'ok', fence, previous owner[, BEGIN_RUN's reply[, the turn's hash]]} | {'busy',
 # seconds left on the holder's lease} | {'missing'}. The previous owner is '' unless this is a
 # takeover: another worker's lease ran out without being released (released leases have
-# lease_until 0).
+# lease_until 0). A retry of an attempt that took the lease (its reply lost) gets the same
+# fence back, and BEGIN_RUN's reply again.
 ACQUIRE_LEASE = (
     _HELPERS
     + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'missing'} end
 local n = now()
 local held = tonumber(redis.call('HGET', KEYS[1], 'lease_until') or '0')
-if held > n then return {'busy', string.format('%.3f', held - n)} end
+local mine = ARGV[5] and ARGV[5] ~= '' and held > 0
+  and redis.call('HGET', KEYS[1], 'lease_attempt') == ARGV[5]
+  and redis.call('HGET', KEYS[1], 'lease_owner') == ARGV[2]
+if held > n and not mine then return {'busy', string.format('%.3f', held - n)} end
 local before = redis.call('HGET', KEYS[1], 'lease_owner') or ''
 if held <= 0 or before == ARGV[2] then before = '' end
-local fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
+local fence
+if mine then
+  fence = tonumber(redis.call('HGET', KEYS[1], 'fence'))
+else
+  fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
+end
 redis.call('HSET', KEYS[1], 'lease_until', string.format('%.6f', n + tonumber(ARGV[1]) / 1000),
-  'lease_owner', ARGV[2])
+  'lease_owner', ARGV[2], 'lease_attempt', ARGV[5] or '')
 if KEYS[2] then
   local began = begin_run(KEYS[1], KEYS[2], ARGV[3] or '', string.format('%.6f', n))
   if KEYS[3] and began[1] == 'running' and redis.call('HGET', KEYS[1], 'turn') == ARGV[4]
@@ -250,7 +271,8 @@ return {'ok', tostring(fence), before}
 """
 )
 
-# Extend the lease, only while it is still current (a lease that ran out is lost for good).
+# Extend the lease while the run is still the caller's (even one that ran out, if no other
+# worker took the run over: its holder was cut off from Redis, by a failover, for longer).
 # KEYS[1] run hash; ARGV[1] fence, ARGV[2] lease in ms. Returns 1 if renewed, 0 if lost.
 RENEW_LEASE = (
     _HELPERS
@@ -291,11 +313,12 @@ return 1
 # holder may: a worker that lost the lease leaves the job to the new owner.
 # KEYS[1] jobs stream, KEYS[2] run hash
 # ARGV[1] group, ARGV[2] message id, ARGV[3] fence
-# Returns 1 when done, 0 when the lease was lost (nothing written).
+# Returns 1 when done (a retry, its lease released by the first run, too), 0 when the lease
+# was lost (nothing written).
 FINISH_JOB = (
     _HELPERS
     + """
-if not holds(KEYS[2], ARGV[3]) then return 0 end
+if redis.call('HGET', KEYS[2], 'fence') ~= ARGV[3] then return 0 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('HSET', KEYS[2], 'lease_until', '0')
@@ -323,16 +346,23 @@ return id
 # KEYS[1] gate hash, KEYS[2] run hash, KEYS[3] deadlines zset, KEYS[4] jobs stream,
 # KEYS[5] events stream
 # ARGV[1] gate id, ARGV[2] approved|denied|expired, ARGV[3] decided by, ARGV[4] reason,
-# ARGV[5] unused, ARGV[6] run id (must match the gate's), ARGV[7] the arguments hash the
-# decider saw ('' when not given: the gate's own)
+# ARGV[5] the decider's attempt id ('' for none: made once, kept across retries), ARGV[6] run
+# id (must match the gate's), ARGV[7] the arguments hash the decider saw ('' when not given:
+# the gate's own)
 # Returns {outcome, gate hash as a flat list}; outcome is applied | decided (someone else
 # was first) | missing | not_due (expiry asked too early) | mismatch (ARGV[7] is not the
 # gate's hash: nothing decided); the last three carry no hash.
 # A person's decision that arrives after the deadline becomes `expired`: the card said so.
+# A retry of the attempt that decided (its reply lost) is told `applied` again, not that it
+# was decided already (by itself), and writes the attempt again (a WAIT after it covers it).
 DECIDE_GATE = """
 local st = redis.call('HGET', KEYS[1], 'status')
 if not st or redis.call('HGET', KEYS[1], 'run_id') ~= ARGV[6] then return {'missing'} end
 if st ~= 'pending' then
+  if ARGV[5] ~= '' and redis.call('HGET', KEYS[1], 'decided_attempt') == ARGV[5] then
+    redis.call('HSET', KEYS[1], 'decided_attempt', ARGV[5])
+    return {'applied', redis.call('HGETALL', KEYS[1])}
+  end
   return {'decided', redis.call('HGETALL', KEYS[1])}
 end
 local ahash = redis.call('HGET', KEYS[1], 'args_hash')
@@ -356,7 +386,7 @@ if status == 'approved' or status == 'denied' then
   seen = ARGV[7] ~= '' and ARGV[7] or ahash
 end
 redis.call('HSET', KEYS[1], 'status', status, 'decided_by', by, 'reason', reason,
-  'decided_at', nowstr, 'decided_hash', seen)
+  'decided_at', nowstr, 'decided_hash', seen, 'decided_attempt', ARGV[5])
 redis.call('ZREM', KEYS[3], ARGV[1])
 local g = redis.call('HMGET', KEYS[1], 'tool', 'turn', 'call_id')
 local origin = redis.call('HGET', KEYS[2], 'origin') or '{}'
@@ -402,7 +432,8 @@ return begin_run(KEYS[1], KEYS[2], ARGV[2], ARGV[3])
 # ARGV[6] run.completed event data JSON, ARGV[7] now,
 # ARGV[8..] field, value pairs for the turn hash
 # Returns the run hash (flat list); 0 when the run is no longer running at that turn
-# (cancelled, or a replay); 'lost' (a status reply) when the lease is not the caller's.
+# (cancelled, or a replay); 'lost' (a status reply) when the lease is not the caller's. A
+# retry after this fence recorded that turn (the first reply lost) gets the run hash again.
 RECORD_TURN = (
     _HELPERS
     + """
@@ -413,8 +444,10 @@ if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
 if redis.call('HGET', KEYS[1], 'status') ~= 'running'
   or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2]
   or redis.call('HGET', KEYS[1], 'phase') ~= 'model' then
+  if step_done(KEYS[1], ARGV[1], 'record:' .. ARGV[2]) then return redis.call('HGETALL', KEYS[1]) end
   return 0
 end
+done_step(KEYS[1], ARGV[1], 'record:' .. ARGV[2])
 redis.call('RPUSH', KEYS[2], ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'turn', 1)
 redis.call('HSET', KEYS[1], 'updated_at', ARGV[7])
@@ -437,22 +470,32 @@ return redis.call('HGETALL', KEYS[1])
 
 # Claim a tool call for execution (at most once unless the tool is idempotent). Nothing
 # starts once the run is cancelled: the claim checks the run's status in the same step.
+# The claim records its claimant (`claimant:<call id>`: fence and attempt), so that a retry
+# of the same attempt (the first reply lost) is told the claim is its own ('yours'), never
+# that another worker claimed the call and stopped (which reports it in doubt).
 # KEYS[1] run hash, KEYS[2] turn hash
 # ARGV[1] fence, ARGV[2] turn (guard), ARGV[3] call id, ARGV[4] '1' when a `claimed` call
-# may be claimed again (idempotent tool)
-# Returns {'ok'|'no', previous state} | {'lost'} | {'stopped', run status}.
+# may be claimed again (idempotent tool), ARGV[5] the claimant's attempt id (optional: made
+# once before the first try, kept across retries)
+# Returns {'ok'|'no', previous state} | {'yours'} | {'lost'} | {'stopped', run status}.
 CLAIM_CALL = (
     _HELPERS
     + """
 if not holds(KEYS[1], ARGV[1]) then return {'lost'} end
+local field = 'state:' .. ARGV[3]
+local s = redis.call('HGET', KEYS[2], field)
+local me = ARGV[1] .. ':' .. (ARGV[5] or '')
+if s == 'claimed' and ARGV[5] and ARGV[5] ~= ''
+  and redis.call('HGET', KEYS[2], 'claimant:' .. ARGV[3]) == me then
+  redis.call('HSET', KEYS[2], 'claimant:' .. ARGV[3], me)  -- a write for a WAIT to cover
+  return {'yours'}
+end
 local rs = redis.call('HGET', KEYS[1], 'status')
 if rs ~= 'running' or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2] then
   return {'stopped', rs or ''}
 end
-local field = 'state:' .. ARGV[3]
-local s = redis.call('HGET', KEYS[2], field)
 if s == 'ready' or s == 'gated' or (s == 'claimed' and ARGV[4] == '1') then
-  redis.call('HSET', KEYS[2], field, 'claimed')
+  redis.call('HSET', KEYS[2], field, 'claimed', 'claimant:' .. ARGV[3], me)
   return {'ok', s}
 end
 return {'no', s or ''}
@@ -514,7 +557,8 @@ return {ok = 'ok'}
 # deadline are appended here), gate.decided event data JSON without its closing brace
 # (decided_at is appended) or '' for a gate left to a person
 # Returns 'ok' (paused) | 'decided' (no gate left to a person: go on) | 'lost' | 'stopped'
-# (not running at that turn) | 'stale' as status replies.
+# (not running at that turn) | 'stale' as status replies. A retry after this fence opened
+# that turn's gates (the first reply lost) gets the first run's answer again.
 OPEN_GATES = (
     _HELPERS
     + """
@@ -523,6 +567,11 @@ if n < 1 or n ~= math.floor(n) or #KEYS ~= 5 + n then
   return redis.error_reply('OPEN_GATES: bad arguments')
 end
 if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
+if step_done(KEYS[1], ARGV[1], 'open:' .. ARGV[2]) then
+  -- Paused (awaiting approval) unless every gate was decided by a rule.
+  local st = redis.call('HGET', KEYS[1], 'status')
+  return {ok = (st == 'awaiting_approval') and 'ok' or 'decided'}
+end
 if redis.call('HGET', KEYS[1], 'status') ~= 'running'
   or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2] then
   return {ok = 'stopped'}
@@ -541,6 +590,7 @@ local tnow = now()
 local nowstr = string.format('%.6f', tnow)
 local run_id = redis.call('HGET', KEYS[1], 'run_id')
 local pending = 0
+done_step(KEYS[1], ARGV[1], 'open:' .. ARGV[2])
 for i = 1, n do
   local base = 2 + (i - 1) * 5
   local gid = ARGV[base + 1]
@@ -586,18 +636,23 @@ return {ok = 'ok'}
 # ARGV[1] fence, ARGV[2] turn (guard), ARGV[3] now, ARGV[4..] tool messages JSON
 # Returns the run hash (flat list), or with KEYS[4] {'read', n, the run hash's n values,
 # READ_FOR_MODEL's reply...}; 0 when the run is not running at that turn in phase `tools`;
-# 'lost' (status reply) when the lease is not the caller's.
+# 'lost' (status reply) when the lease is not the caller's. A retry after this fence closed
+# that turn (the first reply lost) gets the same kind of reply again.
 FINISH_TURN = (
     _HELPERS
     + """
 if not holds(KEYS[1], ARGV[1]) then return {ok = 'lost'} end
-if redis.call('HGET', KEYS[1], 'status') ~= 'running'
+local again = step_done(KEYS[1], ARGV[1], 'finish:' .. ARGV[2])
+if not again and (redis.call('HGET', KEYS[1], 'status') ~= 'running'
   or redis.call('HGET', KEYS[1], 'turn') ~= ARGV[2]
-  or redis.call('HGET', KEYS[1], 'phase') ~= 'tools' then
+  or redis.call('HGET', KEYS[1], 'phase') ~= 'tools') then
   return 0
 end
-rpush_from(KEYS[2], ARGV, 4)
-redis.call('HSET', KEYS[1], 'phase', 'model', 'updated_at', ARGV[3])
+if not again then
+  done_step(KEYS[1], ARGV[1], 'finish:' .. ARGV[2])
+  rpush_from(KEYS[2], ARGV, 4)
+  redis.call('HSET', KEYS[1], 'phase', 'model', 'updated_at', ARGV[3])
+end
 if not KEYS[4] then return redis.call('HGETALL', KEYS[1]) end
 local run = redis.call('HGETALL', KEYS[1])
 local out = {'read', #run}
@@ -658,21 +713,3 @@ redis.call('XADD', KEYS[2], '*', 'type', 'resume', 'run_id', ARGV[2])
 return {ok = 'repaired'}
 """
 )
-
-# Renew a plain lock key only if this process still holds it (the bot's card locks).
-# KEYS[1] lock key; ARGV[1] token, ARGV[2] lease in ms. Returns 1 if renewed.
-RENEW_LOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-# Release a plain lock key only if this process still holds it (the bot's card locks).
-# KEYS[1] lock key; ARGV[1] token. Returns 1 if released.
-RELEASE_LOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""

@@ -40,6 +40,10 @@ HELP: dict[str, str] = {
     "REDIS_CLUSTER": (
         "true to use redis-py's Redis Cluster client; unset detects a cluster at start"
     ),
+    "REDIS_FAILOVER_WINDOW": (
+        "the seconds a Redis Cluster command is retried while a master fails over, "
+        "at least 0; above cluster-node-timeout + 2 s"
+    ),
     "OPENAI_API_KEY": (
         "the key of your model server: an OpenAI key from "
         "https://platform.openai.com/api-keys, or any non-empty value for a local server "
@@ -85,6 +89,7 @@ class Settings(BaseSettings):
     key_prefix: str = Field("agw", validation_alias="KEY_PREFIX", pattern=r"^[A-Za-z0-9_.-]+$")
     shards: int = Field(16, validation_alias="SHARDS", ge=1, le=1296)
     redis_cluster: bool | None = Field(None, validation_alias="REDIS_CLUSTER")
+    redis_failover_window: float = Field(10.0, validation_alias="REDIS_FAILOVER_WINDOW", ge=0)
     decision_replicas: int = Field(0, validation_alias="DECISION_REPLICAS", ge=0, le=10)
     openai_api_key: SecretStr | None = Field(None, validation_alias="OPENAI_API_KEY")
     openai_base_url: str | None = Field(None, validation_alias="OPENAI_BASE_URL")

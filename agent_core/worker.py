@@ -134,6 +134,11 @@ class Worker:
         self._requeue = redis.register_script(scripts.REQUEUE_JOB)
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self._inflight: set[asyncio.Task[None]] = set()
+        # The jobs this worker is advancing, by (stream, id): one that its heartbeat could not
+        # keep claimed (Redis unreachable for longer than the lease) may come back to this
+        # worker's own claim; it must not start a second advance that takes the run over
+        # from the first.
+        self._working: set[tuple[str, str]] = set()
         self.stopping = stop if stop is not None else asyncio.Event()
 
     async def run(self) -> None:
@@ -262,6 +267,17 @@ class Worker:
         self._slots.release()
 
     async def _handle(self, reader: StreamConsumer, msg: StreamMessage) -> None:
+        job = (msg.stream, msg.id)
+        if job in self._working:
+            log.info("job %s is being advanced by this worker already", msg.id)
+            return
+        self._working.add(job)
+        try:
+            await self._handle_job(reader, msg)
+        finally:
+            self._working.discard(job)
+
+    async def _handle_job(self, reader: StreamConsumer, msg: StreamMessage) -> None:
         run_id = msg.fields.get("run_id", "")
         try:
             if (
@@ -356,10 +372,13 @@ class Worker:
         while the worker that opened the gates is still releasing the run).
         """
         keys = [self.keys.run(run_id), self.keys.events(self.keys.shard_of(run_id))]
-        args: list[Any] = [self.lease_ms, self.name, self.agent.name]
+        args: list[Any] = [self.lease_ms, self.name, self.agent.name, ""]
         if turn and turn.isdigit():
             keys.append(self.keys.turn(run_id, int(turn)))
-            args.append(turn)
+            args[3] = turn
+        # One attempt id for every try: a try whose reply was lost (and its retry by the
+        # client) gets its own fence back instead of "busy" until the lease runs out.
+        args.append(secrets.token_hex(8))
         for attempt in range(8):
             res = await self._acquire_lease(keys=keys, args=args)
             if res[0] == "ok":
@@ -381,19 +400,26 @@ class Worker:
         lost: asyncio.Event,
         done: asyncio.Event,
     ) -> None:
+        beat = self.lease_ms / 3000
+        pause = beat
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), self.lease_ms / 3000)
+                await asyncio.wait_for(done.wait(), pause)
             if done.is_set():
                 return
             try:
+                # Refused only once another worker took the run over (or it was released):
+                # a lease that ran out while Redis did not answer (a failover) is taken up
+                # again, so failed beats never lose it by themselves.
                 if not await self._renew(keys=[self.keys.run(run_id)], args=[fence, self.lease_ms]):
                     lost.set()
-                    log.warning("run %s: lease lost (renewal refused); stopping", run_id)
+                    log.warning("run %s: lease lost (taken over); stopping", run_id)
                     return
                 await reader.touch(msg)
-            except Exception as exc:  # Redis, or the client's state: the next beat retries
+                pause = beat
+            except Exception as exc:  # Redis, or the client's state: try again soon
                 log.warning("run %s: heartbeat failed (%s)", run_id, type(exc).__name__)
+                pause = min(beat, 0.25)
 
     # --- expiry -----------------------------------------------------------------------
     async def _sweep_forever(self) -> None:
@@ -479,7 +505,11 @@ async def run_worker(
     settings.require_openai()
     if agent is None:
         agent = load_agents(settings)
-    redis = await reachable_redis(settings.redis_url, settings.redis_cluster)
+    redis = await reachable_redis(
+        settings.redis_url,
+        settings.redis_cluster,
+        failover_window=settings.redis_failover_window,
+    )
     try:
         assert settings.openai_api_key is not None
         client = AsyncOpenAI(

@@ -46,6 +46,10 @@ MAX_HELD = 2000
 # Held events are marked as still being worked on this often, so that no other replica
 # claims them (nor this one reclaims them, which would count a delivery) while they wait.
 TOUCH_SECONDS = 5.0
+# An event that could not be shown (its card's lock busy, Redis or Slack failing) is tried
+# again in its lane after these pauses (seconds), instead of waiting, pending, until the
+# group claims it again after 30 s idle; after the last one it is left to that claim.
+RETRY_PAUSES = (1.0, 2.0, 4.0, 8.0)
 
 
 def consumer_name() -> str:
@@ -181,7 +185,9 @@ class Notifier:
             if success:
                 ok.add(event.id)
 
-        lanes = _Lanes(self, asyncio.Semaphore(self.concurrency), done, asyncio.Event())
+        lanes = _Lanes(
+            self, asyncio.Semaphore(self.concurrency), done, asyncio.Event(), retry=False
+        )
         try:
             lanes.add(events)
             await lanes.drain()
@@ -409,7 +415,9 @@ class _Lanes:
     side, at most ``slots`` of them handling an event at the same moment. An event Slack
     answers with a 429 waits out its Retry-After without a slot and is tried again (up to
     RATE_LIMIT_RETRIES times; once stopping, not at all): the other lanes go on meanwhile.
-    ``done(event, ok)`` is called as each event is done (``ok``: it may be acknowledged)."""
+    With ``retry``, an event that failed otherwise (a card lock busy, Redis or Slack failing)
+    is tried again after each of RETRY_PAUSES the same way. ``done(event, ok)`` is called as
+    each event is done (``ok``: it may be acknowledged)."""
 
     def __init__(
         self,
@@ -417,11 +425,14 @@ class _Lanes:
         slots: asyncio.Semaphore,
         done: Callable[[Event, bool], None],
         stop: asyncio.Event,
+        *,
+        retry: bool = True,
     ) -> None:
         self.notifier = notifier
         self.slots = slots
         self.done = done
         self.stop = stop
+        self.retry_pauses = RETRY_PAUSES if retry else ()
         self._lanes: dict[str, _Lane] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._held: dict[str, tuple[float, Event]] = {}  # id → (when read, event)
@@ -489,19 +500,31 @@ class _Lanes:
                 self._idle.set()
 
     async def _one(self, event: Event, lane: _Lane) -> bool:
-        for attempt in range(RATE_LIMIT_RETRIES + 1):
+        limited = failed = 0
+        while True:
             skip_gate, skip_run = lane.updated_later(event)
             async with self.slots:
                 result = await self.notifier._attempt(event, skip_gate=skip_gate, skip_run=skip_run)
-            if isinstance(result, bool):
-                return result
-            if self.stop.is_set() or attempt == RATE_LIMIT_RETRIES:
-                break
-            await _sleep_or_stop(self.stop, result)
-        log.warning(
-            "event %s (%s) left pending: Slack keeps rate-limiting", event.id, event.type.value
-        )
-        return False
+            if result is True:
+                return True
+            if self.stop.is_set():
+                return False
+            if result is False:
+                if failed == len(self.retry_pauses):
+                    return False  # left pending: delivered again when the group claims it
+                pause = self.retry_pauses[failed]
+                failed += 1
+            else:
+                if limited == RATE_LIMIT_RETRIES:
+                    log.warning(
+                        "event %s (%s) left pending: Slack keeps rate-limiting",
+                        event.id,
+                        event.type.value,
+                    )
+                    return False
+                pause = result
+                limited += 1
+            await _sleep_or_stop(self.stop, pause)
 
 
 async def _ack(source: EventConsumerLike, acks: list[Event]) -> None:

@@ -514,7 +514,9 @@ async def check_slack(settings: BotSettings, client: AsyncWebClient) -> None:
 
 async def serve(settings: BotSettings, core: Settings) -> None:
     agents = load_agents(core)
-    redis = await reachable_redis(core.redis_url, core.redis_cluster)
+    redis = await reachable_redis(
+        core.redis_url, core.redis_cluster, failover_window=core.redis_failover_window
+    )
     keys = Keys(core.key_prefix, core.shards)
     try:
         await refuse_old_layout(redis, keys)

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from agent_core import scripts
 from agent_core.keys import Keys
 
 from .cards import ToolResult
@@ -98,11 +97,16 @@ class RunRecord:
     digest: str | None
 
 
-# Take a lock and read hashes in the same round trip (their keys in the lock's shard).
+# Take a lock and read hashes in the same round trip (their keys in the lock's shard). A
+# retry after the lock was taken with this token (the first reply lost) finds it its own.
 # KEYS[1] lock key, KEYS[2..] hashes; ARGV[1] token, ARGV[2] the lock's TTL (ms).
 # Returns 0 when another holder has the lock, else {1, each hash as a flat list}.
 LOCK_AND_READ = """
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+elseif not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 0
+end
 local out = {1}
 for i = 2, #KEYS do out[i] = redis.call('HGETALL', KEYS[i]) end
 return out
@@ -126,6 +130,24 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+
+# Renew a lock only if this process still holds it. KEYS[1] lock key; ARGV[1] token,
+# ARGV[2] lease in ms. Returns 1 if renewed.
+RENEW_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# Release a lock only if this process still holds it. KEYS[1] lock key; ARGV[1] token.
+# Returns 1 if released.
+RELEASE_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
 
 # A call's outcome, unless the card already has one (a cancel's "never ran" must not
 # replace the outcome the call's own tool.executed stored).
@@ -161,11 +183,11 @@ class Store:
         self.redis = redis
         self.keys = keys
         self.lock_max_hold = lock_max_hold
-        self._release = redis.register_script(scripts.RELEASE_LOCK)
+        self._release = redis.register_script(RELEASE_LOCK)
         self._lock_and_read = redis.register_script(LOCK_AND_READ)
         self._release_after = redis.register_script(RELEASE_AFTER_WRITES)
         self._set_result_if_none = redis.register_script(SET_RESULT_IF_NONE)
-        self._renew = redis.register_script(scripts.RENEW_LOCK)
+        self._renew = redis.register_script(RENEW_LOCK)
         self._save_card = redis.register_script(SAVE_CARD)
 
     # --- cards ------------------------------------------------------------------------
@@ -305,13 +327,11 @@ class Store:
         give_up = loop.time() + wait_seconds
         delay = 0.01
         while True:
-            if read:
-                got = await self._lock_and_read(keys=[key, *read], args=[token, LOCK_TTL_MS])
-                if got:
-                    held = Held([_pairs(flat) for flat in got[1:]], {})
-                    break
-            elif await self.redis.set(key, token, nx=True, px=LOCK_TTL_MS):
-                held = Held([], {})
+            # A script even without hashes to read: a SET NX retried after its reply was
+            # lost would find the lock taken, by this very token, and wait for nothing.
+            got = await self._lock_and_read(keys=[key, *read], args=[token, LOCK_TTL_MS])
+            if got:
+                held = Held([_pairs(flat) for flat in got[1:]], {})
                 break
             if loop.time() >= give_up:
                 raise LockBusy(name)

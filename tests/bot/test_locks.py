@@ -8,7 +8,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_core import Keys
-from bot.store import LockBusy, Store
+from bot.store import LOCK_AND_READ, LockBusy, Store
 
 
 async def test_a_holder_stuck_past_the_bound_is_cancelled_and_the_lock_freed(
@@ -115,3 +115,14 @@ async def test_a_lock_reads_as_it_is_taken_and_writes_as_it_is_released(redis: R
     assert await redis.hget(card, "digest") == "after-a-failure"
     async with other.lock(f"gate:{gate_id}", wait_seconds=0.05):
         pass
+
+
+async def test_a_lock_taken_again_with_its_own_token_is_its_holders(redis: Redis) -> None:
+    """Taking a lock is retried when its reply is lost (a failover): the retry finds the lock
+    held by its own token, and has it, instead of waiting for itself until the lock's TTL."""
+    keys = Keys("t")
+    key = Store(redis, keys).lock_key(f"gate:{keys.new_gate_id(3)}")
+    take = (LOCK_AND_READ, 1, key, "token-1", 10_000)
+    assert await redis.eval(*take) == [1]
+    assert await redis.eval(*take) == [1], "the first take's reply was lost: it is its own"
+    assert await redis.eval(LOCK_AND_READ, 1, key, "token-2", 10_000) == 0

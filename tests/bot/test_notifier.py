@@ -523,3 +523,30 @@ async def test_a_cancel_delivered_again_after_its_card_was_busy_still_shows_neve
     assert await replica.handle_safely(event)  # delivered again
     msg = await live.wait_card(gate.gate_id, "Never ran", timeout=2)
     assert "Running…" not in str(msg.blocks)
+
+
+async def test_an_event_that_found_its_card_busy_is_shown_within_seconds(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """A card's lock held by a holder that will never release it (a web process killed while
+    updating it, or its release lost with a Redis master): the event that finds it busy gives
+    up after the lock wait (3 s) and is tried again by the notifier a second later, once the
+    lock ran out (4 s), instead of waiting pending for the group's claim after 30 s idle."""
+    run_id, (gate,) = await approved_with_no_worker(live, fake_openai, "card held", 1)
+    lock = live.server.context.store.lock_key(f"gate:{gate.gate_id}")
+    assert await live.redis.set(lock, "a-dead-holder", px=4000)
+    started = asyncio.get_running_loop().time()
+    data = {
+        "run_id": run_id,
+        "call_id": gate.call_id,
+        "gate_id": gate.gate_id,
+        "tool": "delete_user",
+        "ok": True,
+        "in_doubt": False,
+        "output": "user 0 deleted",
+        "origin": gate.origin,
+    }
+    await xadd_event(live, "tool.executed", run_id, data)
+    await live.wait_card(gate.gate_id, "user 0 deleted", timeout=10)
+    took = asyncio.get_running_loop().time() - started
+    assert 3.5 < took < 8, took  # after the lock ran out, and well before the 30 s claim

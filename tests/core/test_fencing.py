@@ -168,15 +168,16 @@ async def lease(redis: Redis, run_key: str, ms: int = 60_000) -> str:
 async def test_every_advancing_script_refuses_a_stale_fence(
     observer: Harness, redis: Redis
 ) -> None:
-    """A fence from an earlier lease (or an expired one) moves nothing, script by script."""
+    """A fence from an earlier lease (one taken over once it ran out) moves nothing, script
+    by script."""
     gw, k = observer.gateway, observer.keys
     run = await gw.start_run("fenced", requested_by="U1")
     rk = k.run(run.run_id)
     old = await lease(redis, rk, ms=50)
     await asyncio.sleep(0.1)  # the lease runs out
-    assert await redis.eval(scripts.RENEW_LEASE, 1, rk, old, 1000) == 0
     new = await lease(redis, rk)
     assert new != old
+    assert await redis.eval(scripts.RENEW_LEASE, 1, rk, old, 1000) == 0
     before = await redis.hgetall(rk)
     turn = k.turn(run.run_id, 1)
     await redis.hset(turn, mapping={"state:c1": "ready"})
