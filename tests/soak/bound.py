@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import statistics
 import time
 from collections import Counter
@@ -33,7 +34,8 @@ from redis.asyncio import Redis
 
 from agent_core import Gateway, Keys
 from tests.redis_cluster import ClusterServer, Failover
-from tests.soak.people import ChildRun, Click, GateRecord
+from tests.soak.people import ChildRun, Click, GateRecord, SoakSlack
+from tests.soak.soak_agent import SUB_AGENTS
 
 BOUND = 15.0  # seconds from an acknowledged Approve to its effect, across a master kill
 WINDOW = 1.0  # clicks acknowledged this long before a kill are measured
@@ -71,6 +73,7 @@ class Bound:
     # Set by Soak.__init__ (tests/soak/test_soak.py).
     cluster: ClusterServer | None
     redis: Redis
+    slack: SoakSlack
     keys: Keys
     gateway: Gateway
     counts: Counter[str]
@@ -196,12 +199,31 @@ class Bound:
         times = [t for t in seen if t is not None]
         return min(times) if times else None
 
+    def card_answered_at(self, rec: GateRecord, due: float) -> float | None:
+        """When the gate's card first showed the approved call's outcome (not "Running…")
+        after ``due``, as Slack received it (unix seconds); None: never."""
+        where = self.slack.card_at.get(rec.gate_id)
+        if where is None:
+            return None
+        for call in self.slack.calls_to("chat.update"):
+            args = call.args
+            if (
+                call.ok
+                and call.at >= due
+                and (str(args.get("channel")), str(args.get("ts"))) == where
+                and str(args.get("text", "")).startswith("Approved")
+                and "Running…" not in json.dumps(args.get("blocks") or [], ensure_ascii=False)
+            ):
+                return call.at
+        return None
+
     async def failover_bound(self) -> list[str]:
         """The violations of the bound, and a summary line (:attr:`bound_summary`)."""
         violations: list[str] = []
         delays: list[float] = []
         where_count: Counter[str] = Counter()
         never = 0
+        card_delays: list[float] = []  # to the card showing the outcome: reported, not checked
         for kill in self.master_kills:
             for rec in self.gates.values():
                 acked = [
@@ -246,7 +268,12 @@ class Bound:
                 if due > click.acked_unix + 0.001:
                     self.counts["failover bound: measured from a later decision of the turn"] += 1
                 took = "never" if effect is None else f"{seconds:.1f} s"
-                self.note(f"failover bound: {what}: its effect after {took}")
+                card = "-"
+                if rec.tool not in SUB_AGENTS:  # a sub-agent's card runs until its child ends
+                    shown = self.card_answered_at(rec, due)
+                    card = "never" if shown is None else f"{max(0.0, shown - due):.1f} s"
+                    card_delays.append(float("inf") if shown is None else max(0.0, shown - due))
+                self.note(f"failover bound: {what}: its effect after {took}, its card after {card}")
                 if seconds <= BOUND:
                     continue
                 if self.worker_fault_between(due - WINDOW, due + BOUND):
@@ -275,6 +302,10 @@ class Bound:
             f"{where_count['another master']}), over {BOUND:.0f} s={len(violations)}, "
             f"never={never}, "
             f"max={max(delays, default=0):.1f} s, "
-            f"p50={statistics.median(delays) if delays else 0:.1f} s"
+            f"p50={statistics.median(delays) if delays else 0:.1f} s; cards showing the "
+            f"outcome (not checked): {len(card_delays)}, over {BOUND:.0f} s "
+            f"{sum(1 for d in card_delays if d > BOUND)}, "
+            f"max={max(card_delays, default=0):.1f} s, "
+            f"p50={statistics.median(card_delays) if card_delays else 0:.1f} s"
         )
         return violations

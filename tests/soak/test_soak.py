@@ -98,7 +98,7 @@ import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -351,7 +351,7 @@ class Soak(People, Chaos, Verdict):
             self.loading = self.chaos = False
             await self.stop_tasks([*chaos, *background, *self.tasks])
 
-    async def stop_tasks(self, tasks: list[asyncio.Future[Any]]) -> None:
+    async def stop_tasks(self, tasks: Sequence[asyncio.Future[Any]]) -> None:
         """Cancel the tasks and wait until each is done, cancelling again if need be: in the
         first cluster soak the events auditor outlived its cancel (it kept reading) and this
         wait hung until pytest's timeout. Such a task is noted in chaos.log. A task that
