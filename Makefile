@@ -111,7 +111,9 @@ soak: install redis-check
 # The same soak and verdict on a local Redis Cluster (3 masters + 3 replicas on loopback, as in
 # tests/cluster/), web and workers given only a node's URL and DECISION_REPLICAS=1; instead of
 # the Redis restarts, a master is SIGKILLed a few times (its replica is promoted, then the killed
-# node rejoins as a replica). Prints master failovers where `soak` prints Redis restarts. Same
+# node rejoins as a replica; every other kill right after an acknowledged Approve, checking that
+# each decision shows its effect within 15 s). Prints master failovers where `soak` prints
+# Redis restarts, and the failover bound's line (clicks measured, max, p50). Same
 # knobs (11-15 min by default); its logs (and the nodes' logs and files, in cluster/) stay in
 # $(SOAK_CLUSTER_BASETEMP).
 SOAK_CLUSTER_BASETEMP ?= $(CURDIR)/var/soak-cluster

@@ -14,6 +14,7 @@ and so is a killed or paused worker that held a child run's lease.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import datetime
 import os
@@ -32,6 +33,7 @@ from redis.asyncio import Redis
 from agent_core import Keys
 from tests.redis_cluster import ClusterServer
 from tests.redis_server import RedisServer
+from tests.soak.bound import Bound, MasterKill
 from tests.soak.config import PAUSE_SECONDS, REPO, redis_failed
 from tests.soak.people import op_depth
 
@@ -46,7 +48,11 @@ async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in a thread (the cluster's calls sleep while they wait), waited for even
     when the calling task is cancelled meanwhile: a failover or a restart is never left
     half-way while the end of the soak heals the cluster."""
-    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    return await waited(asyncio.ensure_future(asyncio.to_thread(fn, *args)))
+
+
+async def waited(fut: asyncio.Future[T]) -> T:
+    """``fut``'s result, waited for even when the calling task is cancelled meanwhile."""
     try:
         return await asyncio.shield(fut)
     except asyncio.CancelledError:
@@ -99,7 +105,7 @@ class Proc:
         return [line for line in text.splitlines() if " ERROR " in line]
 
 
-class Chaos:
+class Chaos(Bound):
     """The faults, and the records of them the rest of the soak consults."""
 
     # Set by Soak.__init__ (tests/soak/test_soak.py).
@@ -171,9 +177,13 @@ class Chaos:
             if w.proc is not None and w.proc is self.paused and self.rng.random() < 0.75:
                 # Mostly the other one: a paused worker should often live to wake up.
                 w = next(x for x in self.workers if x is not w)
+            await self.hold_faults()
+            if not self.chaos:
+                return
             pid = w.proc.pid if w.alive and w.proc is not None else None
             held = await self.leases_held_by(pid) if pid is not None else None
             w.kill()
+            killed = time.time()
             self.note(f"SIGKILL {w.name} pid {pid}")
             self.counts["worker SIGKILLs"] += 1
             self.fault_hit("worker SIGKILL")
@@ -183,11 +193,13 @@ class Chaos:
                     self.counts["worker SIGKILLs while it held a child run lease"] += 1
             await asyncio.sleep(self.rng.uniform(0, 2))
             w.start()
+            self.worker_faults.append((killed, time.time()))
             self.note(f"started {w.name} pid {w.proc.pid if w.proc else None}")
 
     async def kill_web(self) -> None:
         while self.chaos:
             await asyncio.sleep(self.rng.uniform(6, 15))
+            await self.hold_faults()
             if not self.chaos:
                 return
             self.web.kill()
@@ -231,42 +243,80 @@ class Chaos:
     async def fail_over_masters(self, at: list[float]) -> None:
         """At each of ``at``: SIGKILL a master, wait until its replica serves its slots and
         the cluster is ok (an outage for that master's shards), then start the killed node
-        again from its AOF and ``nodes.conf``: it rejoins as a replica of its successor."""
+        again from its AOF and ``nodes.conf``: it rejoins as a replica of its successor.
+        Every other kill (the first, the third, …) is timed right after an acknowledged
+        Approve (:meth:`tests.soak.bound.Bound.kill_after_ack`)."""
         cluster = self.cluster
         assert cluster is not None
-        async for _ in self.at_times(at):
-            masters = await in_thread(self.masters_with_a_replica)
-            if not masters:
-                self.note("no master has a replica: no failover this time")
-                self.counts["failovers skipped (no master had a replica)"] += 1
-                continue
+        self.killer = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="soak-kill")
+        try:
+            n = 0
+            async for _ in self.at_times(at):
+                n += 1
+                await self.fail_over_one(timed=n % 2 == 1)
+        finally:
+            self.quiet = False
+            self.killer.shutdown(wait=False)
+
+    async def fail_over_one(self, *, timed: bool) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        masters = await in_thread(self.masters_with_a_replica)
+        if not masters:
+            self.note("no master has a replica: no failover this time")
+            self.counts["failovers skipped (no master had a replica)"] += 1
+            return
+        got = await self.kill_after_ack(masters) if timed else None
+        if got is None:
+            if not self.chaos:
+                return
             victim = self.rng.choice(masters)
-            pid = cluster.pid(victim)
-            self.redis_down = True
-            down = time.monotonic()
-            self.note(f"SIGKILL master {victim} pid {pid} (its replica is to take over)")
-            self.fault_hit("master SIGKILL")
-            try:
-                f = await in_thread(cluster.failover_master, victim, 60.0)
-            except AssertionError as exc:  # not ok within 60 s: healed at the end
-                self.note(f"the failover of {victim} did not complete: {str(exc)[:300]}")
-                self.counts["failovers not complete within 60 s"] += 1
-                continue
-            finally:
-                self.redis_down = False
-                self.redis_outages.append((down, time.monotonic()))
-            self.counts[FAILOVERS] += 1
-            self.note(
-                f"replica {f.new_port} promoted {f.promoted_after:.2f} s after the kill; "
-                f"cluster ok after {f.seconds:.2f} s"
+            shard_ports = await in_thread(self.shard_ports, masters)
+            shards = frozenset(s for s, p in shard_ports.items() if p == victim)
+            kill = MasterKill(victim, shards, time.time())
+            killing = self.killer.submit(self.fail_over, victim)
+        else:
+            kill, killing = got
+            assert kill.click is not None and kill.click.acked_unix is not None
+            self.kill_held()
+        self.master_kills.append(kill)
+        self.redis_down = True
+        down = time.monotonic()
+        pid = cluster.pid(kill.port)
+        after = ""
+        if kill.click is not None and kill.click.acked_unix is not None:
+            after = (
+                f" right after the Approve of gate {kill.gate_id} (run {kill.run_id}) "
+                f"acknowledged at {kill.click.acked_unix:.3f}"
             )
-            key = "longest failover, kill to cluster ok (ms)"
-            self.counts[key] = max(self.counts[key], round(f.seconds * 1000))
-            await asyncio.sleep(self.rng.uniform(0.3, 2))
-            took = await in_thread(cluster.restart, victim, 60.0)
-            self.note(f"node {victim} restarted from its AOF: a synced replica after {took:.2f} s")
-            key = "longest rejoin of a killed master as a replica (ms)"
-            self.counts[key] = max(self.counts[key], round(took * 1000))
+        self.note(f"SIGKILL master {kill.port} pid {pid}{after} (its replica is to take over)")
+        self.fault_hit("master SIGKILL")
+        try:
+            f, kill.at = await waited(asyncio.wrap_future(killing))
+        except AssertionError as exc:  # not ok within 60 s: healed at the end
+            self.note(f"the failover of {kill.port} did not complete: {str(exc)[:300]}")
+            self.counts["failovers not complete within 60 s"] += 1
+            return
+        finally:
+            self.redis_down = False
+            self.redis_outages.append((down, time.monotonic()))
+        self.counts[FAILOVERS] += 1
+        if kill.click is not None and kill.click.acked_unix is not None:
+            ms = (kill.at - kill.click.acked_unix) * 1000
+            self.note(f"killed {ms:.0f} ms after the acknowledgement")
+            key = "timed master kills more than 50 ms after the acknowledgement"
+            self.counts[key] += int(ms > 50)
+        self.note(
+            f"replica {f.new_port} promoted {f.promoted_after:.2f} s after the kill; "
+            f"cluster ok after {f.seconds:.2f} s"
+        )
+        key = "longest failover, kill to cluster ok (ms)"
+        self.counts[key] = max(self.counts[key], round(f.seconds * 1000))
+        await asyncio.sleep(self.rng.uniform(0.3, 2))
+        took = await in_thread(cluster.restart, kill.port, 60.0)
+        self.note(f"node {kill.port} restarted from its AOF: a synced replica after {took:.2f} s")
+        key = "longest rejoin of a killed master as a replica (ms)"
+        self.counts[key] = max(self.counts[key], round(took * 1000))
 
     def tail_journal(self) -> None:
         """Read the journal's new complete lines: which tools are running now, in which pid."""
@@ -365,6 +415,7 @@ class Chaos:
                 if not self.redis_down or not self.chaos:
                     break
                 await asyncio.sleep(0.1)
+            await self.hold_faults()
             proc = w.proc
             if not self.chaos or proc is None or proc.poll() is not None:
                 continue
@@ -374,6 +425,7 @@ class Chaos:
         self, w: Proc, proc: subprocess.Popen[bytes], seconds: float, op: str | None
     ) -> None:
         os.kill(proc.pid, signal.SIGSTOP)
+        stopped_unix = time.time()
         stopped = self.note(f"SIGSTOP {w.name} pid {proc.pid} for {seconds:.1f} s (mid-tool: {op})")
         self.paused = proc
         self.counts["worker pauses (SIGSTOP past the lease)"] += 1
@@ -392,6 +444,7 @@ class Chaos:
             if held:
                 now = await self.fences(list(held))
         finally:
+            self.worker_faults.append((stopped_unix, time.time()))
             if proc.poll() is None:  # still ours and alive (not SIGKILLed meanwhile)
                 os.kill(proc.pid, signal.SIGCONT)
                 woke = self.note(f"SIGCONT {w.name} pid {proc.pid}; fences now {now}")[11:]

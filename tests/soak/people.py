@@ -136,6 +136,7 @@ class Click:
     reply_name: str
     sent_unix: float = field(default_factory=time.time)
     target: str = ""  # a cancel's: the run it cancels
+    acked_unix: float | None = None  # when its HTTP 200 came (time.time())
 
 
 @dataclass
@@ -268,6 +269,8 @@ class People:
         def web_killed_between(self, t0: float, t1: float) -> bool: ...
 
         def redis_down_between(self, t0: float, t1: float) -> bool: ...
+
+        def clicked(self, rec: GateRecord, c: Click) -> None: ...
 
     # ------------------------------------------------------------------ helpers
     def reply_name(self, what: str) -> str:
@@ -526,7 +529,10 @@ class People:
             )
         )
         c = Click(kind, user, sent, status, name)
+        if status == 200:
+            c.acked_unix = time.time()
         rec.clicks.append(c)
+        self.clicked(rec, c)
         return c
 
     async def deny(self, rec: GateRecord, user: str) -> None:

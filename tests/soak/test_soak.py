@@ -68,6 +68,9 @@ cluster client and its events audit reads each shard's stream on its own. Instea
 restarts, a master is SIGKILLed a few times: its replica is promoted (that master's shards are
 down meanwhile, an outage like a Redis restart), then the killed node is started again from its
 files and rejoins as a replica of its successor, so that the next kill finds a replica too.
+Every other kill is timed right after an acknowledged Approve, and the verdict checks the
+failover bound (``bound.py``): every Approve acknowledged within 1 s before a master kill shows
+its effect within 15 s.
 
 Known issues (each has a strict xfail test, see KNOWN below) are counted apart and fail the
 soak only with ``SOAK_STRICT=1`` — or once their xfail mark is gone from the test that pins
@@ -77,7 +80,8 @@ printed). A second summary line counts child runs, nested gates and decisions, t
 results checked, and the faults that hit while a child run was active.
 
 The parts: ``config.py`` (what the modules share: the seed, who is who, the fates);
-``chaos.py`` (the processes and the faults); ``people.py`` (the fake Slack, the plans, the
+``chaos.py`` (the processes and the faults); ``bound.py`` (the timed master kills and the
+failover bound); ``people.py`` (the fake Slack, the plans, the
 requester and the approvers); ``verdict.py`` (the events audit and the verdict); this file
 (the knobs, the known issues, :class:`Soak` putting the parts together and running the phases,
 and the test).
@@ -94,7 +98,7 @@ import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +112,7 @@ from agent_core.testing import FakeOpenAI
 from bot.testing import SlackClient
 from tests.redis_cluster import ClusterServer
 from tests.redis_server import RedisServer, free_port
+from tests.soak.bound import Armed, MasterKill
 from tests.soak.chaos import FAILOVERS, REDIS_RESTARTS, Chaos, Proc, in_thread
 from tests.soak.config import APPROVER, APPROVER2, AUDIT_GROUP, CLUSTER, REPO, SEED, redis_failed
 from tests.soak.people import CallPlan, ChildRun, GateRecord, People, RunPlan, SoakSlack
@@ -206,6 +211,17 @@ class Soak(People, Chaos, Verdict):
         self.end_events: Counter[str] = Counter()  # run id -> run.completed/failed/cancelled
         self.cancelled_events: dict[str, dict[str, Any]] = {}  # run id -> run.cancelled data
         self.audited: set[tuple[str, str]] = set()  # (stream, event id) already looked at
+        # The failover bound (tests/soak/bound.py): event times (unix seconds), the master
+        # kills, the worker faults (unix intervals), and the timed kills' state.
+        self.executed_at: dict[tuple[str, str], float] = {}
+        self.opened_at: dict[str, list[float]] = {}
+        self.ended_at: dict[str, float] = {}
+        self.master_kills: list[MasterKill] = []
+        self.worker_faults: list[tuple[float, float]] = []
+        self.bound_summary = ""
+        self.quiet = False
+        self.quiet_until = 0.0
+        self.armed: Armed | None = None
         self.running_tools: dict[str, tuple[str, int]] = {}  # op -> (tool, pid), not ended
         self._journal_at = 0
         self.paused: subprocess.Popen[bytes] | None = None
@@ -335,7 +351,7 @@ class Soak(People, Chaos, Verdict):
             self.loading = self.chaos = False
             await self.stop_tasks([*chaos, *background, *self.tasks])
 
-    async def stop_tasks(self, tasks: list[asyncio.Future[Any]]) -> None:
+    async def stop_tasks(self, tasks: Sequence[asyncio.Future[Any]]) -> None:
         """Cancel the tasks and wait until each is done, cancelling again if need be: in the
         first cluster soak the events auditor outlived its cancel (it kept reading) and this
         wait hung until pytest's timeout. Such a task is noted in chaos.log. A task that
@@ -424,6 +440,8 @@ async def test_soak(tmp_path: Path) -> None:
             try:
                 await soak.run()
                 violations, _starts = await soak.verdict()
+                if CLUSTER:
+                    violations += await soak.failover_bound()
             finally:
                 for p in (*soak.workers, soak.web):
                     p.stop()
@@ -484,7 +502,12 @@ async def test_soak(tmp_path: Path) -> None:
         f"pauses holding one {counts['pauses of a worker that held a child run lease']}, "
         f"child takeovers {counts['takeovers of child runs']})"
     )
-    for v in violations[:40]:
+    if CLUSTER:
+        print(f"soak {soak.bound_summary}")
+        for v in violations:
+            if v.startswith("failover bound:"):
+                print(f"    {v}")
+    for v in [v for v in violations if not v.startswith("failover bound:")][:40]:
         print(f"    {v}")
     for e in soak.harness_errors:
         print(f"  harness error: {e}")
@@ -492,6 +515,8 @@ async def test_soak(tmp_path: Path) -> None:
     assert counts["runs"] >= 10, "too few runs to mean anything"
     assert counts["child runs"], "no run called a sub-agent"
     assert counts["worker SIGKILLs"] and counts[FAILOVERS if CLUSTER else REDIS_RESTARTS] >= 2
+    if CLUSTER:
+        assert counts["master kills right after an acknowledged Approve"], "no timed kill"
     assert pauses, "no worker was paused"
     assert counts["gates approved"] and counts["gates denied"], "no click decided anything"
     if SOAK_SECONDS >= 300:

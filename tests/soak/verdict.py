@@ -84,6 +84,9 @@ class Verdict:
     executed_events: Counter[str]
     end_events: Counter[str]
     cancelled_events: dict[str, dict[str, Any]]
+    executed_at: dict[tuple[str, str], float]  # (run id, call id) -> first tool.executed
+    opened_at: dict[str, list[float]]  # run id -> its gate.opened events' times
+    ended_at: dict[str, float]  # run id -> its end event's time
     audited: set[tuple[str, str]]
     takeovers: dict[str, list[str]]
     workers: list[Proc]
@@ -165,6 +168,7 @@ class Verdict:
 
     def audit(self, msg_id: str, fields: dict[str, str]) -> None:
         kind, run_id = fields.get("type", ""), fields.get("run_id", "")
+        at = int(msg_id.split("-", 1)[0]) / 1000  # when the event was added (unix seconds)
         try:
             data = json.loads(fields.get("data") or "{}")
         except ValueError:
@@ -175,6 +179,7 @@ class Verdict:
         if kind == "gate.opened":
             gid = str(data.get("gate_id"))
             self.opened_events[gid] += 1
+            self.opened_at.setdefault(run_id, []).append(at)
             if self.opened_events[gid] > 1:
                 bad(f"gate {gid}: gate.opened #{self.opened_events[gid]} (event {msg_id})")
             if self.decided_events[gid]:
@@ -191,10 +196,12 @@ class Verdict:
         elif kind == "tool.executed":
             key = f"{run_id}/{data.get('call_id')}"
             self.executed_events[key] += 1
+            self.executed_at.setdefault((run_id, str(data.get("call_id"))), at)
             if self.executed_events[key] > 1:
                 bad(f"call {key} ({data.get('tool')}): tool.executed twice (event {msg_id})")
         elif kind in ("run.completed", "run.failed", "run.cancelled"):
             self.end_events[run_id] += 1
+            self.ended_at.setdefault(run_id, at)
             if kind == "run.cancelled":
                 self.cancelled_events[run_id] = {
                     k: data.get(k) for k in ("by", "never_ran", "running")
