@@ -85,7 +85,6 @@ class Worker:
             redis,
             self.keys,
             agent_name=self.agent.name,
-            events_maxlen=settings.events_maxlen,
             decision_replicas=settings.decision_replicas,
         )
         self.runners = {

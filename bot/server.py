@@ -525,7 +525,6 @@ async def serve(settings: BotSettings, core: Settings) -> None:
         redis,
         keys,
         agent_name=agents[0].name,
-        events_maxlen=core.events_maxlen,
         decision_replicas=core.decision_replicas,
     )
     server = BotServer(settings, redis, gateway, agents=agents, workers_grace=WORKERS_GRACE_SECONDS)
