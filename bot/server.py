@@ -253,7 +253,11 @@ class BotServer:
             handle_signals=False,
         )
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
+        try:
+            await web.TCPSite(self._runner, self.host, self.port).start()
+        except OSError as exc:
+            await self.stop()
+            raise ConfigError(listen_problem(self.host, self.port, exc)) from None
         if self.settings.socket_mode:
             from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 
@@ -355,6 +359,13 @@ class BotServer:
         self._stop.set()
 
 
+def listen_problem(host: str, port: int, exc: OSError) -> str:
+    """The one line that says why the web process cannot listen, naming the variable."""
+    if exc.errno == errno.EADDRINUSE:
+        return f"PORT is taken: another process listens on {host}:{port}; set PORT to a free port"
+    return f"WEB_HOST, PORT: cannot listen on {host}:{port} ({exc.strerror or exc})"
+
+
 TOKEN_ERRORS = frozenset(
     {
         "invalid_auth",
@@ -413,7 +424,11 @@ async def serve(settings: BotSettings, core: Settings) -> None:
     except ConfigError:
         await redis.aclose()
         raise
-    await server.start()
+    try:
+        await server.start()
+    except ConfigError:
+        await redis.aclose()
+        raise
     mode = (
         "Socket Mode"
         if settings.socket_mode
@@ -442,8 +457,21 @@ async def serve(settings: BotSettings, core: Settings) -> None:
         await redis.aclose()
 
 
-def main() -> None:
-    """Entry point of ``python -m bot`` (the Procfile's ``web``)."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``agent-web`` (``python -m bot``, the Procfile's ``web``)."""
+    from agent_core import cli
+    from agent_core.settings import HELP as CORE_HELP
+
+    from .settings import HELP
+
+    args = cli.parser(
+        "agent-web",
+        "Serve the Slack app: slash command, buttons, thread replies and mentions (HTTP on "
+        "PORT, or Socket Mode with SLACK_APP_TOKEN), and post run updates to Slack. "
+        "Configured by environment variables only.",
+        CORE_HELP,
+        HELP,
+    ).parse_args(argv)
     importable_from_cwd()
     # Every problem at once: the core's settings, the Slack ones, then the agent.
     problems: list[str] = []
@@ -457,15 +485,18 @@ def main() -> None:
         settings = load_settings()
     except ConfigError as exc:
         problems += str(exc).splitlines()
+    agents: list[Agent] = []
     if core is not None:
         try:
-            load_agents(core)
+            agents = load_agents(core)
         except ConfigError as exc:
             problems.append(str(exc))
     if problems or core is None or settings is None:
         # The playground hint, if any, stays last.
         problems.sort(key=lambda line: line == PLAYGROUND_HINT)
         exit_on_config_error(ConfigError("\n".join(problems)), notes={PLAYGROUND_HINT})
+    if args.check:
+        cli.run_check("agent-web", core, agents)
     logging.basicConfig(
         level=core.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
