@@ -23,12 +23,27 @@ RUN_REDIS_PING := $(VPY) -c "import redis,sys; sys.exit(0 if redis.Redis(host='1
 
 # ------------------------------------------------------------------------ environment
 $(VPY):
+	@echo "make: creating the virtualenv $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall only when pyproject.toml changed (or a package's __init__.py appeared: the
 # editable install maps the packages that existed when it ran).
-$(STAMP): pyproject.toml $(wildcard agent_core/__init__.py agent_mcp/__init__.py bot/__init__.py playground/__init__.py) | $(VPY)
+PACKAGE_INITS := $(wildcard agent_core/__init__.py agent_mcp/__init__.py bot/__init__.py playground/__init__.py)
+$(STAMP): pyproject.toml $(PACKAGE_INITS) | $(VPY)
+	@echo "make: installing the gateway with the development tools (pytest, mypy, ruff, playwright, build) into $(VENV); a first install takes a few minutes"
 	$(VPY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+# What `make run` needs: the gateway and its runtime dependencies only (a development
+# install, when there is an up-to-date one, has them too).
+RUN_STAMP := $(VENV)/.installed-run
+$(RUN_STAMP): pyproject.toml $(PACKAGE_INITS) | $(VPY)
+	@if [ -f "$(STAMP)" ] && [ "$(STAMP)" -nt pyproject.toml ]; then \
+	  echo "make run: using the development install in $(VENV)"; \
+	else \
+	  echo "make run: installing the gateway and what it needs to run into $(VENV) (a first install takes a minute or two)"; \
+	  $(VPY) -m pip install -q -e . || exit 1; \
+	fi
 	@touch $@
 
 install: $(STAMP)
@@ -127,28 +142,34 @@ soak-cluster: install redis-check
 # redis-server on 127.0.0.1:$(RUN_REDIS_PORT); `make stop-redis` stops it. Without
 # SLACK_BOT_TOKEN, starts the local Slack playground instead (python -m playground: a fake
 # Slack in the browser, which starts web + worker pointed at itself).
-run: install redis-check
+run: redis-check $(RUN_STAMP)
 	@set -e; \
 	if [ -z "$${REDIS_URL:-}" ]; then \
 	  mkdir -p "$(RUN_REDIS_DIR)"; \
 	  if $(RUN_REDIS_PING); then \
 	    echo "make run: reusing the redis-server answering on 127.0.0.1:$(RUN_REDIS_PORT)"; \
 	  else \
+	    echo "make run: starting redis-server on 127.0.0.1:$(RUN_REDIS_PORT) (data in $(RUN_REDIS_DIR))"; \
 	    redis-server --port $(RUN_REDIS_PORT) --bind 127.0.0.1 \
 	      --appendonly yes --appendfsync always --dir "$(RUN_REDIS_DIR)" \
 	      --logfile "$(RUN_REDIS_DIR)/redis-server.log" \
 	      --daemonize yes --pidfile "$(RUN_REDIS_PID)"; \
 	    for _ in $$(seq 50); do $(RUN_REDIS_PING) && break; sleep 0.1; done; \
 	    $(RUN_REDIS_PING) || { echo "redis-server did not start; see $(RUN_REDIS_DIR)/redis-server.log" >&2; exit 1; }; \
-	    echo "make run: started redis-server on 127.0.0.1:$(RUN_REDIS_PORT) (pid $$(cat "$(RUN_REDIS_PID)"); \`make stop-redis\` stops it)"; \
+	    echo "make run: redis-server started (pid $$(cat "$(RUN_REDIS_PID)"); \`make stop-redis\` stops it)"; \
 	  fi; \
 	  export REDIS_URL="$(RUN_REDIS_URL)"; \
 	fi; \
 	export PATH="$(CURDIR)/$(VENV)/bin:$$PATH"; \
 	if [ -z "$${SLACK_BOT_TOKEN:-}" ]; then \
-	  echo "make run: SLACK_BOT_TOKEN is not set: starting the local Slack playground"; \
+	  echo "make run: SLACK_BOT_TOKEN is not set: starting the local Slack playground (its URL comes last, once the bot and the worker are ready)"; \
 	  exec $(VPY) -m playground; \
 	fi; \
+	if [ ! -x "$(VENV)/bin/honcho" ]; then \
+	  echo "make run: installing honcho (runs web and worker from the Procfile) into $(VENV)"; \
+	  $(VPY) -m pip install -q 'honcho>=2.0'; \
+	fi; \
+	echo "make run: starting web and worker (honcho start -f Procfile)"; \
 	exec $(VENV)/bin/honcho start -f Procfile
 
 # Moves a deployment's keys from the old layout ({prefix:N} hash tags) to the new one: web and

@@ -40,6 +40,9 @@ from .toolsets import Toolset
 if TYPE_CHECKING:
     from .worker import Worker, run_worker
 
+# The distribution's version (pyproject.toml reads it; the commands' --version print it).
+__version__ = "0.1.0"
+
 __all__ = [
     "Agent",
     "AgentTool",

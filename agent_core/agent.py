@@ -259,8 +259,8 @@ def load_agent(path: str) -> Agent:
             raise ConfigError(
                 f"AGENT is invalid: no module named {module_name!r} (AGENT={path}). The worker "
                 "and web processes import it, so it must be on their sys.path: a file or "
-                "package in the directory they start from (the repository root with "
-                "`make run`), in a directory listed in PYTHONPATH, or installed"
+                "package in the directory they start from, in a directory listed in "
+                "PYTHONPATH, or installed"
             ) from None
         raise ConfigError(_import_failed(module_name, exc)) from None
     except Exception as exc:

@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from . import metrics, reopen_scripts, scripts
+from . import reopen_scripts, scripts
 from .children import parent_keys
 from .completions import clean_text
 from .connections import eval_replicated
@@ -26,6 +26,7 @@ from .exceptions import ArgsHashMismatch, ChildRunSettled, GateNotFound, Invalid
 from .keys import Keys
 from .models import ContinueOutcome, DecideResult, Decision, Gate, GateStatus, Run, RunStatus
 from .placement import ShardPicker
+from .settings import Settings
 from .stopping import MAX_REASON_CHARS, Stopper, new_attempt
 from .streams import stream_groups
 
@@ -87,18 +88,17 @@ class Gateway:
         keys: Keys | None = None,
         *,
         agent_name: str = "",
-        events_maxlen: int = 100_000,
         decision_replicas: int = 0,
         decision_wait_ms: int = 1000,
     ) -> None:
         self.redis = redis
         self.keys = keys or Keys()
         self.agent_name = agent_name
-        self.events_maxlen = events_maxlen
         # A decision returns once this many replicas have it (WAIT), so a failover right
         # after the click cannot lose it: 0 on a Redis without replicas.
         self.decision_replicas = decision_replicas
         self.decision_wait_ms = decision_wait_ms
+        self._owns_redis = False  # True when from_settings made the client: aclose() closes it
         self._decide = redis.register_script(scripts.DECIDE_GATE)
         self._repair = redis.register_script(scripts.REPAIR_RUN)
         self._start = redis.register_script(scripts.START_RUN)
@@ -107,6 +107,48 @@ class Gateway:
         self._check_cursor = (0, 0)
         self.placement = ShardPicker(redis, self.keys)
         self.stopper = Stopper(redis, self.keys)
+
+    @classmethod
+    async def from_settings(
+        cls, settings: Settings | None = None, *, agent_name: str = ""
+    ) -> Gateway:
+        """A Gateway configured as the workers are, from the same settings.
+
+        ``settings`` default to :meth:`Settings.from_env`. The Redis client is the workers'
+        (REDIS_URL; the cluster client on a Redis Cluster, see REDIS_CLUSTER), and so are the
+        keys (KEY_PREFIX, SHARDS) and the replicas a decision waits for (DECISION_REPLICAS).
+        Raises :class:`ConfigError` when Redis cannot be reached or holds the old key layout.
+        :meth:`aclose` (or ``async with``) closes the client.
+        """
+        from .connections import reachable_redis
+        from .layout import refuse_old_layout
+
+        if settings is None:
+            settings = Settings.from_env()
+        redis = await reachable_redis(settings.redis_url, settings.redis_cluster)
+        keys = Keys(settings.key_prefix, settings.shards)
+        try:
+            await refuse_old_layout(redis, keys)
+        except BaseException:
+            await redis.aclose()
+            raise
+        gateway = cls(
+            redis, keys, agent_name=agent_name, decision_replicas=settings.decision_replicas
+        )
+        gateway._owns_redis = True
+        return gateway
+
+    async def aclose(self) -> None:
+        """Close the Redis client if :meth:`from_settings` made it (a client passed to the
+        constructor stays its owner's to close)."""
+        if self._owns_redis:
+            await self.redis.aclose()
+
+    async def __aenter__(self) -> Gateway:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     # --- runs -------------------------------------------------------------------------
     async def start_run(
@@ -623,6 +665,8 @@ class Gateway:
             raise InvalidState(f"gate {gate_id} is not due yet")
         result = DecideResult(applied=res[0] == "applied", gate=Gate.from_hash(pairs(res[1])))
         if result.applied:
+            from . import metrics  # on first use: `import agent_core` loads no prometheus_client
+
             g = result.gate
             metrics.gate_decided(g.status.value, g.created_at, g.decided_at)
         return result

@@ -14,7 +14,6 @@ from typing import Any
 
 from redis.commands.core import AsyncScript
 
-from . import metrics
 from .agent import Agent
 from .approvers import RULE_PREFIX, ApprovalRequest, consult
 from .completions import clean_text
@@ -156,6 +155,8 @@ async def open_gates(
         )
     )
     if res in ("ok", "decided"):
+        from . import metrics  # on first use: `import agent_core` loads no prometheus_client
+
         metrics.GATES_OPENED.inc(len(calls) - by_rule)
     if res == "stale":
         log.warning("run %s: turn %s changed under this worker; gates not reopened", run_id, turn)

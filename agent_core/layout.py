@@ -37,7 +37,7 @@ from .keys import Keys
 from .layout_merge import Outcome
 from .streams import is_cluster
 
-FIX = "stop every web and worker, run `python -m agent_core.migrate_layout` (`make migrate-layout`)"
+FIX = "stop every web and worker, run `python -m agent_core.migrate_layout`"
 SCAN_COUNT = 1000
 MAX_PASSES = 5  # scans of the whole keyspace at most, while keys written meanwhile turn up
 MAX_LISTED = 20  # conflicting keys named in a refusal

@@ -40,14 +40,17 @@ import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from .keys import Keys
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +198,7 @@ def handler(
     redis: Redis | None, keys: Keys | None
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """An aiohttp handler for ``GET /metrics``."""
+    from aiohttp import web  # the web server only where one is served
 
     async def metrics(request: web.Request) -> web.Response:
         body = await render(redis, keys)
@@ -205,6 +209,8 @@ def handler(
 
 async def serve(redis: Redis, keys: Keys, host: str, port: int) -> web.AppRunner:
     """A small HTTP server answering ``GET /metrics`` (the worker's); cleanup() stops it."""
+    from aiohttp import web
+
     app = web.Application()
     app.router.add_get(METRICS_PATH, handler(redis, keys))
     runner = web.AppRunner(app, access_log=None, handle_signals=False)

@@ -11,7 +11,7 @@ from typing import Any
 import openai
 from openai import AsyncOpenAI
 
-from . import metrics, retries
+from . import retries
 from .completions import Completion, ModelResponseError, parse_completion, parse_text_body
 from .exceptions import LeaseLost
 
@@ -36,6 +36,8 @@ async def complete(
     provider failures relayed in a 200 are tried again, waiting what the server asked
     (Retry-After, retry-after-ms, x-ratelimit-reset-*) or backing off, at most
     ``model_retries`` times and within ``retry_budget`` seconds in all."""
+    from . import metrics  # on first use: `import agent_core` loads no prometheus_client
+
     loop = asyncio.get_running_loop()
     give_up = loop.time() + retry_budget
     attempt = 0

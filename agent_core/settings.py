@@ -24,8 +24,7 @@ _AGENT_PATH = r"^[\w.]+:[\w.]+$"
 # its line in a ConfigError. Never a value: secrets must not reach logs.
 HELP: dict[str, str] = {
     "REDIS_URL": (
-        "the Redis every process shares, e.g. redis://127.0.0.1:6379/0 (or rediss://, "
-        "unix://); `make run` starts a local one when REDIS_URL is unset"
+        "the Redis every process shares, e.g. redis://127.0.0.1:6379/0 (or rediss://, unix://)"
     ),
     "KEY_PREFIX": "the prefix of every Redis key: letters, digits, _ . -",
     "SHARDS": (

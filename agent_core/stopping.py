@@ -21,7 +21,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from . import messages, metrics
+from . import messages
 from .children import parent_keys
 from .completions import clean_text, redact_secrets
 from .exceptions import InvalidState, LeaseLost, RunNotFound
@@ -236,6 +236,8 @@ class Stopper:
                     if parent_failed
                     else messages.sub_agent_cancelled(agent or "", by)
                 )
+            from . import metrics  # on first use: `import agent_core` loads no prometheus_client
+
             were_pending = await metrics.pending_gates(self.redis, k, gate_ids)
             res = await self._cancel(
                 keys=[
@@ -345,6 +347,8 @@ class Stopper:
                 members, turn = await pipe.execute()
             gate_ids = sorted(members)
             turn = turn or "0"
+            from . import metrics  # on first use: `import agent_core` loads no prometheus_client
+
             were_pending = await metrics.pending_gates(self.redis, k, gate_ids)
             res = await self._fail(
                 keys=[

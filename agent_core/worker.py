@@ -85,7 +85,6 @@ class Worker:
             redis,
             self.keys,
             agent_name=self.agent.name,
-            events_maxlen=settings.events_maxlen,
             decision_replicas=settings.decision_replicas,
         )
         self.runners = {
@@ -536,14 +535,25 @@ async def serve(settings: Settings) -> None:
     await run_worker(settings, stop=stop)
 
 
-def main() -> None:
-    """Entry point of ``python -m agent_core.worker``."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``agent-worker`` (``python -m agent_core.worker``)."""
+    from . import cli
+    from .settings import HELP
+
+    args = cli.parser(
+        "agent-worker",
+        "Run the agents: take jobs from Redis, call the model and the tools, open approval "
+        "gates. Configured by environment variables only.",
+        HELP,
+    ).parse_args(argv)
     importable_from_cwd()
     try:
         settings = Settings.from_env(require_openai=True)
-        load_agents(settings)  # an unimportable agent is a config error, reported now
+        agents = load_agents(settings)  # an unimportable agent is a config error, reported now
     except ConfigError as exc:
         exit_on_config_error(exc)
+    if args.check:
+        cli.run_check("agent-worker", settings, agents)
     logging.basicConfig(
         level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

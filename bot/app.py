@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -24,7 +21,7 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from agent_core import metrics
 from agent_core.agent import Agent
 
-from . import actions, assistant, commands, conversations, mentions, quiet
+from . import actions, assistant, bolt_compat, commands, conversations, mentions, quiet
 from .context import BotContext, Redeliver
 from .ports import GatewayLike
 from .publisher import slack_error
@@ -84,30 +81,6 @@ def make_web_client(settings: BotSettings, timeout: int = 15) -> AsyncWebClient:
     )
 
 
-# Variables AsyncApp's constructor reads from the environment by itself. Everything it needs
-# comes from BotSettings instead: given SLACK_BOT_TOKEN from the environment as well as our
-# `client`, it would log "As you gave `client` as well, `token` will be unused", and with
-# SLACK_CLIENT_ID and SLACK_CLIENT_SECRET it would turn on its OAuth flow.
-_BOLT_READS = (
-    "SLACK_BOT_TOKEN",
-    "SLACK_SIGNING_SECRET",
-    "SLACK_VERIFICATION_TOKEN",
-    "SLACK_CLIENT_ID",
-    "SLACK_CLIENT_SECRET",
-)
-
-
-@contextlib.contextmanager
-def _unseen_by_bolt(names: tuple[str, ...]) -> Iterator[None]:
-    """Hide these variables from the environment for the (synchronous) block, then restore
-    them: the process's settings were read from them already."""
-    hidden = {name: os.environ.pop(name) for name in names if name in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(hidden)
-
-
 def create_app(
     settings: BotSettings,
     redis: aioredis.Redis,
@@ -119,18 +92,20 @@ def create_app(
 ) -> AsyncApp:
     """A Bolt ``AsyncApp`` with every listener registered.
 
-    Bolt calls ``auth.test`` once, on the first request, with ``web_client`` (so a fake
+    The app does not verify signatures (``bot.bolt_compat``): dispatch only requests
+    verified first, as :func:`bot.server.build_web_app` does. Bolt calls ``auth.test`` once, on the first request, with ``web_client`` (so a fake
     Slack has to answer it). ``agent`` offers its suggested prompts in assistant threads
     (default: the agent AGENT names).
     """
     ctx = context or BotContext.build(settings, redis, gateway, web_client)
     secret = settings.slack_signing_secret
-    with _unseen_by_bolt(_BOLT_READS):
+    with bolt_compat.unseen_by_bolt():
         app = AsyncApp(
             client=web_client,
             signing_secret=secret.get_secret_value() if secret is not None else "",
-            # Socket Mode requests are not signed; Bolt skips the check for them by itself.
-            request_verification_enabled=secret is not None,
+            # Off: bot.server verifies every HTTP request's signature on its raw bytes before
+            # Bolt sees it (see bot.bolt_compat); Socket Mode requests are not signed.
+            request_verification_enabled=bolt_compat.BOLT_VERIFIES_REQUESTS,
             # Bolt answers when a listener returns; each returns at its ack() (bot.acking).
             process_before_response=True,
             name="agent-approvals",

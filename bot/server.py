@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
-import json
+import errno
 import logging
 import signal
-import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qs
@@ -43,6 +40,7 @@ from agent_core.runtime import freeze_startup_heap
 from agent_core.settings import exit_on_config_error, importable_from_cwd, load_agents
 from agent_core.streams import is_cluster
 
+from . import bolt_compat
 from .app import create_app, make_web_client
 from .context import BotContext
 from .directory import AgentDirectory
@@ -95,11 +93,11 @@ def build_web_app(
         except UnicodeDecodeError:
             return web.json_response({"error": "malformed payload"}, status=400)
         headers: Headers = {k: request.headers.getall(k) for k in request.headers}
-        if _malformed_payload(body, request.content_type):
+        if bolt_compat.malformed_payload(body, request.content_type):
             log.warning("a signed Slack request with a malformed payload was refused")
             return web.json_response({"error": "malformed payload"}, status=400)
-        if _form_read_as_empty(body, request.content_type):
-            body, headers = _resigned(body, headers, secret_value)
+        if bolt_compat.form_read_as_empty(body, request.content_type):
+            body = bolt_compat.payload_word_escaped(body)
         try:
             bolt_req = AsyncBoltRequest(body=body, query=request.query_string, headers=headers)
         except Exception:
@@ -107,8 +105,9 @@ def build_web_app(
         try:
             bolt_resp = await bolt.async_dispatch(bolt_req)
         except (KeyError, TypeError, AttributeError, ValueError):
-            # Bolt's matchers index the payload without checking its JSON types: a signed
-            # payload of the wrong shape is malformed, not a server error (fuzzing found it).
+            # Bolt's matchers index the payload without checking its JSON types (see
+            # bot.bolt_compat): a signed payload of the wrong shape is malformed, not a
+            # server error (fuzzing found it).
             log.warning("a signed Slack request with a malformed payload was refused")
             return web.json_response({"error": "malformed payload"}, status=400)
         except Exception:
@@ -152,125 +151,6 @@ def build_web_app(
     return web_app
 
 
-_OBJECTS = ("user", "team", "channel", "container", "message", "view", "enterprise", "event")
-_STRINGS = ("type", "action_id", "block_id", "callback_id", "value", "trigger_id")
-
-
-def _is_json_body(body: str, content_type: str) -> bool:
-    """Whether Bolt reads this body as JSON (it does for a JSON content type or a ``{``)."""
-    return content_type == "application/json" or body.startswith("{")
-
-
-def _malformed_payload(body: str, content_type: str) -> bool:
-    """True for a JSON body, or a ``payload=`` form field, whose JSON Bolt's matchers would
-    trip over: they index fields without checking their types (fuzzing found KeyError,
-    TypeError, AttributeError and IndexError, each answered 500)."""
-    if _is_json_body(body, content_type):
-        raw = body
-    elif body.startswith("payload=") or "&payload=" in body:
-        raw = parse_qs(body).get("payload", [""])[-1]  # Bolt reads the last one
-    else:
-        # A form (a slash command): every field is text, and Slack sends none of the names
-        # Bolt reads as objects; one such field (``event=x``) made its middleware fail
-        # with AttributeError, answered 500 (fuzzing found it).
-        fields = parse_qs(body, keep_blank_values=True)
-        return any(name in fields for name in _FORM_OBJECTS)
-    try:
-        payload = json.loads(raw)
-    except ValueError:
-        return True
-    if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
-        return True
-
-    def bad(obj: dict[str, Any]) -> bool:
-        return any(k in obj and not isinstance(obj[k], str) for k in _STRINGS)
-
-    if bad(payload) or any(
-        payload.get(k) is not None and not isinstance(payload[k], dict) for k in _OBJECTS
-    ):
-        return True
-    view = payload.get("view")
-    if isinstance(view, dict) and bad(view):
-        return True
-    actions = payload.get("actions")
-    if actions is not None and (
-        not isinstance(actions, list)
-        or not actions  # Slack never sends an empty list; Bolt reads actions[0]
-        or not all(isinstance(a, dict) and not bad(a) for a in actions)
-    ):
-        return True
-    # Fields Slack always sends with each type, which Bolt's matchers index unchecked.
-    for path in _REQUIRED.get(payload["type"], ()):
-        if not isinstance(_dig(payload, path), str):
-            return True
-    if payload["type"] == "block_actions" and not all(
-        isinstance(a.get("action_id"), str) for a in actions or []
-    ):
-        return True
-    return False
-
-
-_REQUIRED: dict[str, tuple[tuple[str, ...], ...]] = {
-    "view_submission": (("view", "callback_id"), ("view", "type")),
-    "view_closed": (("view", "callback_id"), ("view", "type")),
-    "block_suggestion": (("action_id",),),
-    "shortcut": (("callback_id",),),
-    "message_action": (("callback_id",),),
-    "interactive_message": (("callback_id",),),
-    "dialog_submission": (("callback_id",),),
-    "dialog_cancellation": (("callback_id",),),
-    "dialog_suggestion": (("callback_id",),),
-    "workflow_step_edit": (("callback_id",),),
-    "event_callback": (("event", "type"),),
-}
-
-
-def _dig(obj: Any, path: tuple[str, ...]) -> Any:
-    for key in path:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(key)
-    return obj
-
-
-def _form_read_as_empty(body: str, content_type: str) -> bool:
-    """A form body (a slash command) that merely contains the word "payload": Bolt takes any
-    such body for an interactive ``payload=`` and, finding no such field, reads it as
-    empty, so ``/agent summarize the payload`` would be answered 404."""
-    if "payload" not in body or _is_json_body(body, content_type):
-        return False
-    if body.startswith("payload=") or "&payload=" in body:
-        return False  # an interactive payload (parsing a click's large form twice is costly)
-    return "payload" not in parse_qs(body, keep_blank_values=True)
-
-
-def _resigned(body: str, headers: Headers, secret: str) -> tuple[str, Headers]:
-    """The same form with every "payload" percent-encoded (``%70ayload`` decodes to the
-    same text), signed again for Bolt's own check: its signature was verified already."""
-    body = body.replace("payload", "%70ayload")
-    ts = str(int(time.time()))
-    base = f"v0:{ts}:{body}".encode()
-    sig = "v0=" + hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
-    fixed = {k: v for k, v in headers.items() if k.lower() not in _SIGNATURE_HEADERS}
-    fixed["X-Slack-Request-Timestamp"] = [ts]
-    fixed["X-Slack-Signature"] = [sig]
-    return body, fixed
-
-
-_SIGNATURE_HEADERS = ("x-slack-request-timestamp", "x-slack-signature")
-# Fields Bolt reads as JSON objects (slack_bolt.request.internals and its middlewares).
-_FORM_OBJECTS = (
-    "assistant_thread",
-    "authorizations",
-    "container",
-    "event",
-    "function_data",
-    "inputs",
-    "item",
-    "message",
-    "previous_message",
-    "view",
-)
 _SSL_CHECK_FIELDS = frozenset({"ssl_check", "token"})
 
 
@@ -373,7 +253,11 @@ class BotServer:
             handle_signals=False,
         )
         await self._runner.setup()
-        await web.TCPSite(self._runner, self.host, self.port).start()
+        try:
+            await web.TCPSite(self._runner, self.host, self.port).start()
+        except OSError as exc:
+            await self.stop()
+            raise ConfigError(listen_problem(self.host, self.port, exc)) from None
         if self.settings.socket_mode:
             from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 
@@ -475,6 +359,13 @@ class BotServer:
         self._stop.set()
 
 
+def listen_problem(host: str, port: int, exc: OSError) -> str:
+    """The one line that says why the web process cannot listen, naming the variable."""
+    if exc.errno == errno.EADDRINUSE:
+        return f"PORT is taken: another process listens on {host}:{port}; set PORT to a free port"
+    return f"WEB_HOST, PORT: cannot listen on {host}:{port} ({exc.strerror or exc})"
+
+
 TOKEN_ERRORS = frozenset(
     {
         "invalid_auth",
@@ -527,7 +418,6 @@ async def serve(settings: BotSettings, core: Settings) -> None:
         redis,
         keys,
         agent_name=agents[0].name,
-        events_maxlen=core.events_maxlen,
         decision_replicas=core.decision_replicas,
     )
     server = BotServer(settings, redis, gateway, agents=agents, workers_grace=WORKERS_GRACE_SECONDS)
@@ -536,7 +426,11 @@ async def serve(settings: BotSettings, core: Settings) -> None:
     except ConfigError:
         await redis.aclose()
         raise
-    await server.start()
+    try:
+        await server.start()
+    except ConfigError:
+        await redis.aclose()
+        raise
     mode = (
         "Socket Mode"
         if settings.socket_mode
@@ -565,8 +459,21 @@ async def serve(settings: BotSettings, core: Settings) -> None:
         await redis.aclose()
 
 
-def main() -> None:
-    """Entry point of ``python -m bot`` (the Procfile's ``web``)."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``agent-web`` (``python -m bot``, the Procfile's ``web``)."""
+    from agent_core import cli
+    from agent_core.settings import HELP as CORE_HELP
+
+    from .settings import HELP
+
+    args = cli.parser(
+        "agent-web",
+        "Serve the Slack app: slash command, buttons, thread replies and mentions (HTTP on "
+        "PORT, or Socket Mode with SLACK_APP_TOKEN), and post run updates to Slack. "
+        "Configured by environment variables only.",
+        CORE_HELP,
+        HELP,
+    ).parse_args(argv)
     importable_from_cwd()
     # Every problem at once: the core's settings, the Slack ones, then the agent.
     problems: list[str] = []
@@ -580,15 +487,18 @@ def main() -> None:
         settings = load_settings()
     except ConfigError as exc:
         problems += str(exc).splitlines()
+    agents: list[Agent] = []
     if core is not None:
         try:
-            load_agents(core)
+            agents = load_agents(core)
         except ConfigError as exc:
             problems.append(str(exc))
     if problems or core is None or settings is None:
         # The playground hint, if any, stays last.
         problems.sort(key=lambda line: line == PLAYGROUND_HINT)
         exit_on_config_error(ConfigError("\n".join(problems)), notes={PLAYGROUND_HINT})
+    if args.check:
+        cli.run_check("agent-web", core, agents)
     logging.basicConfig(
         level=core.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -46,8 +46,8 @@ HELP: dict[str, str] = {
 
 # The last line of a ConfigError in which a Slack credential is missing.
 PLAYGROUND_HINT = (
-    "No Slack workspace yet? Unset SLACK_BOT_TOKEN and run `make run`: it starts a local "
-    "Slack playground in your browser."
+    "No Slack workspace yet? Run the `playground` command (with REDIS_URL set): it starts a "
+    "local Slack in your browser, with this bot and a worker."
 )
 _CREDENTIALS = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET")
 

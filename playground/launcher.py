@@ -25,9 +25,10 @@ import os
 import re
 import secrets
 import signal
+import socket
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+from importlib import resources
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -47,9 +48,20 @@ from .wire import PostRateLimit
 
 log = logging.getLogger("playground")
 
+# The settings the playground reads (`playground --help`); the bot and worker read theirs.
+HELP = {
+    "REDIS_URL": "the Redis the playground, the bot and the worker share (required)",
+    "PLAYGROUND_PORT": "the port of the page and of the fake Slack Web API (default 3100)",
+    "PORT": "the bot's port (default 3000)",
+    "PLAYGROUND_KEY_PREFIX": "the playground's own key prefix (default playground)",
+    "APPROVERS": "who may approve (default: Avery and the @oncall group)",
+    "SLASH_COMMAND": "the slash command (default /agent)",
+    "OPENAI_API_KEY, OPENAI_BASE_URL": "a real model; unset, a scripted one answers",
+    "PLAYGROUND_MODEL": "module:function, your own script for the scripted model",
+}
+
 # Posts to one channel Slack lets through at once before its ~1 a second applies.
 POST_BURST = 4
-MANIFEST = Path(__file__).resolve().parent.parent / "slack" / "manifest.yml"
 EXAMPLES = [
     "/agent delete user 42",
     "/agent look up user 43",
@@ -80,7 +92,7 @@ class LaunchSettings:
         if not redis_url:
             problems.append(
                 "REDIS_URL is not set: the Redis the gateway and the playground keep their "
-                "state in (`make run` starts one for you)"
+                "state in, e.g. redis://127.0.0.1:6379/0"
             )
 
         def port(name: str, default: int) -> int:
@@ -137,8 +149,22 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
         await proc.wait()
 
 
+def refuse_taken_port(port: int) -> None:
+    """A :class:`ConfigError` naming PORT when the bot's port is taken on loopback: the web
+    subprocess would otherwise die on it after the playground started."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"PORT {port} is not free ({exc.strerror}); set PORT (the bot's port, which "
+                "the playground starts the bot on)"
+            ) from None
+
+
 async def launch(settings: LaunchSettings) -> int:
     """Run the playground and its two subprocesses until a signal or a subprocess exit."""
+    refuse_taken_port(settings.web_port)
     redis = await connect_redis(settings.redis_url)
     try:
         await redis.ping()
@@ -173,7 +199,7 @@ async def launch(settings: LaunchSettings) -> int:
     secret = secrets.token_hex(16)
     token = "xoxb-playground-" + secrets.token_hex(12)
     events_url = f"http://127.0.0.1:{settings.web_port}/slack/events"
-    manifest = MANIFEST.read_text() if MANIFEST.exists() else ""
+    manifest = slack_manifest()
     info = PageInfo(
         command=settings.command,
         model_scripted=not settings.real_model,
@@ -237,7 +263,9 @@ async def launch(settings: LaunchSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    if await _wait_healthy(settings.web_port, procs["web"]):
+    ready = await _wait_healthy(settings.web_port, procs["web"])
+    if ready and await _wait_worker(redis, Keys(settings.key_prefix), procs["worker"]):
+        # The last line of a start: `make run` ends on this URL.
         print(
             f"playground | open {base} in your browser: a local Slack with the real bot and "
             f"worker ({'real model' if settings.real_model else 'scripted model'}; Ctrl-C stops)",
@@ -259,6 +287,12 @@ async def launch(settings: LaunchSettings) -> int:
     if model is not None:
         model.stop()
     return code
+
+
+def slack_manifest() -> str:
+    """The Slack app's manifest, as shipped in the ``bot`` package (``slack/manifest.yml`` in
+    the repository is the same file): the playground sends the events it subscribes to."""
+    return resources.files("bot").joinpath("manifest.yml").read_text(encoding="utf-8")
 
 
 async def refuse_foreign_workers(redis: Redis, keys: Keys) -> None:
@@ -293,7 +327,31 @@ async def _wait_healthy(port: int, web_proc: asyncio.subprocess.Process) -> bool
     return False
 
 
-def main() -> None:
+async def _wait_worker(redis: Redis, keys: Keys, worker: asyncio.subprocess.Process) -> bool:
+    """Wait (up to 30 s) until the worker announces itself (its presence record); False if
+    it exited first."""
+    for _ in range(300):
+        if worker.returncode is not None:
+            return False
+        with contextlib.suppress(Exception):
+            if await presence.live_workers(redis, keys):
+                return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``playground`` (``python -m playground``)."""
+    from agent_core import cli
+
+    cli.parser(
+        "playground",
+        "A local Slack in your browser, with the real bot (agent-web) and a worker "
+        "(agent-worker) pointed at it; a scripted model unless OPENAI_API_KEY or "
+        "OPENAI_BASE_URL is set. Prints the page's URL once both are ready.",
+        HELP,
+        check=False,
+    ).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="playground | %(levelname)s %(message)s")
     try:
         settings = LaunchSettings.from_env(dict(os.environ))

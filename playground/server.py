@@ -27,6 +27,7 @@ import logging
 import re
 import secrets
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -51,7 +52,9 @@ from .wire import (
 
 log = logging.getLogger(__name__)
 
-STATIC = Path(__file__).parent / "static"
+# Package data (pyproject's package-data ships static/*). aiohttp serves a directory, which an
+# installed package (a wheel unpacked in site-packages, or the source tree) always is.
+STATIC = Path(str(resources.files(__package__ or "playground") / "static"))
 TOKEN_SLOT = "{{PLAYGROUND_TOKEN}}"  # in index.html: replaced with the session token
 PING_SECONDS = 15.0
 HISTORY_PAGE = 50

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import inspect
+import subprocess
+import sys
 
 import pytest
 
@@ -118,3 +120,15 @@ def test_docstring_tree_matches_the_class_hierarchy() -> None:
         name: (None if name == "GatewayError" else getattr(exceptions, name).__bases__[0].__name__)
         for name in EXCEPTIONS
     }
+
+
+def test_the_core_imports_no_web_server_until_it_serves_one() -> None:
+    # A library user (an agent, a CLI on the gateway API) gets neither aiohttp's web server
+    # nor prometheus_client: the worker and the web process import them when they serve.
+    code = (
+        "import sys; from agent_core import Agent, Gateway, Settings, tool; "
+        "print(sorted(m for m in sys.modules "
+        "if m.startswith(('aiohttp.web', 'prometheus_client', 'mcp', 'slack_bolt'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "[]\n"), done.stderr

@@ -39,7 +39,7 @@ from tests.bot.test_args_hash import button_values
 from tests.core.workers import REPO, worker_env
 from tests.old_layout import old_worker
 
-FIX = "stop every web and worker, run `python -m agent_core.migrate_layout` (`make migrate-layout`)"
+FIX = "stop every web and worker, run `python -m agent_core.migrate_layout`"
 
 
 async def run(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:

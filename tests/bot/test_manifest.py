@@ -6,8 +6,17 @@ import re
 from pathlib import Path
 
 from bot.server import EVENTS_PATH
+from playground.launcher import slack_manifest
 
-MANIFEST = (Path(__file__).resolve().parents[2] / "slack" / "manifest.yml").read_text()
+# The copy users paste into Slack's "create an app from a manifest" page.
+USERS_COPY = Path(__file__).resolve().parents[2] / "slack" / "manifest.yml"
+# The packaged copy (bot/manifest.yml): what the playground reads from an installed wheel.
+MANIFEST = slack_manifest()
+
+
+def test_the_packaged_manifest_is_the_one_users_copy() -> None:
+    # Two files, one manifest: an edit to one must be made to the other.
+    assert USERS_COPY.read_text(encoding="utf-8") == MANIFEST
 
 
 def test_manifest_points_slack_at_the_bot() -> None:

@@ -56,7 +56,7 @@ async def test_a_migration_stopped_midway_finishes_when_run_again(
     assert str(refused.value) == (
         "KEY_PREFIX=t: Redis holds runs in the old key layout ({t:N} hash tags), which this "
         "version would not see; stop every web and worker, run `python -m "
-        "agent_core.migrate_layout` (`make migrate-layout`) once, then start them again"
+        "agent_core.migrate_layout` once, then start them again"
     )
     # A worker that is still alive (one of the old version, say) makes it refuse.
     assert await announce(redis, keys, "old-worker", ["test-ops"], every=10)

@@ -57,7 +57,7 @@ def test_redis_url_missing() -> None:
         Settings.from_env()
     assert str(info.value) == (
         "REDIS_URL is not set: the Redis every process shares, e.g. redis://127.0.0.1:6379/0 "
-        "(or rediss://, unix://); `make run` starts a local one when REDIS_URL is unset"
+        "(or rediss://, unix://)"
     )
 
 

@@ -20,7 +20,6 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -36,11 +35,11 @@ from slack_sdk.webhook.async_client import AsyncWebhookClient
 from playground import people
 from playground import store as store_module
 from playground.guard import TOKEN_HEADER
+from playground.launcher import slack_manifest
 from playground.outbound import ACK_TIMEOUT, Sender
 from playground.server import PageInfo, Playground, bot_events
 from playground.store import Store
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = "playground-test-signing-secret"
 TOKEN = "xoxb-playground-test-" + secrets.token_hex(6)
 CH = people.CHANNEL_ID
@@ -1282,7 +1281,7 @@ settings:
 
 def test_the_real_manifest_subscribes_to_thread_replies() -> None:
     # The playground sends the bot what Slack would: the events its manifest subscribes to.
-    assert bot_events((ROOT / "slack" / "manifest.yml").read_text()) == {
+    assert bot_events(slack_manifest()) == {
         "app_mention",
         "assistant_thread_context_changed",
         "assistant_thread_started",
