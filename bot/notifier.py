@@ -112,7 +112,8 @@ class Notifier:
                 ack_wanted.set()
 
         lanes = _Lanes(self, slots, done, stop)
-        acker = asyncio.create_task(self._ack_loop(source, acks, ack_wanted))
+        closing = asyncio.Event()
+        acker = asyncio.create_task(self._ack_loop(source, acks, ack_wanted, closing))
         stopping = asyncio.create_task(stop.wait())
         backoff = 0.5
         touched = time.monotonic()
@@ -153,20 +154,27 @@ class Notifier:
         finally:
             stopping.cancel()
             await lanes.close()
-            acker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await acker
-            await _ack(source, acks)
+            # Not cancelled: a cancel that lands inside redis-py's XACK can be swallowed
+            # there, leaving the task waiting forever. It acknowledges what is left and ends.
+            closing.set()
+            ack_wanted.set()
+            await acker
 
     async def _ack_loop(
-        self, source: EventConsumerLike, acks: list[Event], wanted: asyncio.Event
+        self,
+        source: EventConsumerLike,
+        acks: list[Event],
+        wanted: asyncio.Event,
+        closing: asyncio.Event,
     ) -> None:
         """Acknowledge handled events as they are done: those done while an XACK was on its
-        way go together in the next one."""
+        way go together in the next one. Once ``closing``, acknowledge what is left and end."""
         while True:
             await wanted.wait()
             wanted.clear()
             await _ack(source, acks)
+            if closing.is_set():
+                return
 
     async def handle_batch(self, events: list[Event]) -> list[Event]:
         """Handle ``events`` as the loop does (a lane per Slack thread); the events that may

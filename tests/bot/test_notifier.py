@@ -550,3 +550,19 @@ async def test_an_event_that_found_its_card_busy_is_shown_within_seconds(
     await live.wait_card(gate.gate_id, "user 0 deleted", timeout=10)
     took = asyncio.get_running_loop().time() - started
     assert 3.5 < took < 8, took  # after the lock ran out, and well before the 30 s claim
+
+
+async def test_the_web_process_stops_promptly_while_it_is_posting_cards(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    # The acknowledging task was stopped by a cancel, which redis-py can swallow inside an
+    # XACK: a stop that came while events were being handled then waited for that task
+    # until the server's 10 s limit cancelled the notifier, skipping its last acknowledgements.
+    for i in range(2):
+        task = f"delete user {i} and then stop"
+        fake_openai.script(task, [call("delete_user", {"user_id": str(i)}), reply("ok")])
+        await live.start_task(task)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await live.server.stop()
+    assert loop.time() - started < 5, "the stop waited for a task that never ends"
