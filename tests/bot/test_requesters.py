@@ -32,6 +32,19 @@ async def say(bot: BotHarness, run_id: str, ts: str, text: str, user: str) -> No
     assert resp.status == 200, resp.text
 
 
+async def answered_then_reply(
+    bot: BotHarness, task: str, starter: str, answer: str, text: str, user: str
+) -> tuple[str, str]:
+    """``starter`` runs ``task``; once the run has answered ``answer`` and completed, ``user``
+    replies ``text`` in its thread. The run id and the thread's ts."""
+    run_id = await bot.start_task(task, user_id=starter)
+    ts = await root_of(bot, run_id)
+    await thread_shows(bot, ts, answer)
+    await status_is(bot, run_id, RunStatus.COMPLETED)
+    await say(bot, run_id, ts, text, user=user)
+    return run_id, ts
+
+
 async def click(bot: BotHarness, action: str, value: str, user: str, name: str) -> str:
     """A click answered privately (``respond``); the text the clicker was shown."""
     await bot.client.action(action, value, user_id=user, response_url=bot.fake.response_url(name))
@@ -86,11 +99,9 @@ async def test_the_starter_cannot_approve_after_a_bystander_replied(
         "clean up user 9",
         [reply("Delete user 9?"), call("delete_user", {"user_id": "9"}), reply("done")],
     )
-    run_id = await live.start_task("clean up user 9", user_id=APPROVER2)
-    ts = await root_of(live, run_id)
-    await thread_shows(live, ts, "Delete user 9?")
-    await status_is(live, run_id, RunStatus.COMPLETED)
-    await say(live, run_id, ts, "hm", user=STRANGER)
+    run_id, ts = await answered_then_reply(
+        live, "clean up user 9", APPROVER2, "Delete user 9?", "hm", STRANGER
+    )
     gate = await live.gate_of(run_id)
     assert gate.requesters == [APPROVER2, STRANGER]
 
@@ -117,11 +128,9 @@ async def test_approve_all_refuses_a_requester_from_the_thread(
             reply("both gone"),
         ],
     )
-    run_id = await live.start_task("two deletions", user_id=REQUESTER)
-    ts = await root_of(live, run_id)
-    await thread_shows(live, ts, "Which two?")
-    await status_is(live, run_id, RunStatus.COMPLETED)
-    await say(live, run_id, ts, "users 3 and 4", user=APPROVER)
+    run_id, ts = await answered_then_reply(
+        live, "two deletions", REQUESTER, "Which two?", "users 3 and 4", APPROVER
+    )
     gates, msg = await all_message(live, run_id)
     value = buttons(msg)[cards.TURN_APPROVE_ACTION]["value"]
 
@@ -146,11 +155,9 @@ async def test_with_self_approval_allowed_a_thread_requester_may_approve(
         "remove user 5",
         [reply("Sure?"), call("delete_user", {"user_id": "5"}), reply("removed")],
     )
-    run_id = await bot.start_task("remove user 5", user_id=REQUESTER)
-    ts = await root_of(bot, run_id)
-    await thread_shows(bot, ts, "Sure?")
-    await status_is(bot, run_id, RunStatus.COMPLETED)
-    await say(bot, run_id, ts, "yes", user=APPROVER)
+    run_id, ts = await answered_then_reply(
+        bot, "remove user 5", REQUESTER, "Sure?", "yes", APPROVER
+    )
     gate = await bot.gate_of(run_id)
     assert gate.requesters == [REQUESTER, APPROVER]
     await bot.client.action("gate_approve", cards.button_value(gate), user_id=APPROVER)
