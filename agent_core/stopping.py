@@ -190,6 +190,25 @@ return {'cancelled'}
 )
 
 
+def fail_keys(
+    keys: Keys, run_id: str, family: dict[str, str], turn: int, gate_ids: list[str]
+) -> list[str]:
+    """FAIL_RUN's KEYS, in its order: ``family`` holds the run's ``parent`` and
+    ``parent_turn`` ('' and '0' for a run without parent), ``gate_ids`` every gate of the run."""
+    shard = keys.shard_of(run_id)
+    return [
+        keys.run(run_id),
+        keys.events(shard),
+        keys.finished(shard),
+        keys.deadlines(shard),
+        keys.run_gates(run_id),
+        keys.active(shard),
+        *parent_keys(keys, run_id, family),
+        keys.turn(run_id, turn),
+        *(keys.gate(g) for g in gate_ids),
+    ]
+
+
 def new_attempt() -> str:
     """An attempt id: one per logical call, the same for every retry of it."""
     return secrets.token_hex(8)
@@ -322,7 +341,6 @@ class Stopper:
         failure is its parent call's result; a parent's cancels its unfinished children.
         """
         k = self.keys
-        shard = k.shard_of(run_id)
         error = redact_secrets(clean_text(error))
         origin, parent, parent_turn, agent, waiting = await self.redis.hmget(
             k.run(run_id), ["origin", "parent", "parent_turn", "agent", "children_pending"]
@@ -351,17 +369,7 @@ class Stopper:
 
             were_pending = await metrics.pending_gates(self.redis, k, gate_ids)
             res = await self._fail(
-                keys=[
-                    k.run(run_id),
-                    k.events(shard),
-                    k.finished(shard),
-                    k.deadlines(shard),
-                    k.run_gates(run_id),
-                    k.active(shard),
-                    *parent_keys(k, run_id, run),
-                    k.turn(run_id, int(turn)),
-                    *(k.gate(g) for g in gate_ids),
-                ],
+                keys=fail_keys(k, run_id, run, int(turn), gate_ids),
                 args=[
                     fence,
                     error,

@@ -76,23 +76,12 @@ async def fail_and_crash(h: Harness, run_id: str) -> None:
     """FAIL_RUN alone, as the worker holding the run applies it; the worker then dies before
     it cancels the run's children (its lease runs out)."""
     k, redis = h.keys, h.redis
-    rk, shard = k.run(run_id), k.shard_of(run_id)
+    rk = k.run(run_id)
     fence = await take_lease(redis, rk)
     turn = await redis.hget(rk, "turn")
     assert turn is not None
     data = json.dumps({"run_id": run_id, "error": "the job kept crashing", "retryable": False})
-    keys = [
-        rk,
-        k.events(shard),
-        k.finished(shard),
-        k.deadlines(shard),
-        k.run_gates(run_id),
-        k.active(shard),
-        rk,
-        rk,
-        k.jobs(shard),
-        k.turn(run_id, int(turn)),
-    ]
+    keys = stopping.fail_keys(k, run_id, {}, int(turn), [])
     args = [fence, "the job kept crashing", data, "1", run_id, "0", "", turn, "not run", "?", "a1"]
     assert await redis.eval(stopping.FAIL_RUN, len(keys), *keys, *args) == "failed"
     await redis.hset(rk, "lease_until", "0")

@@ -161,21 +161,9 @@ async def test_fail_run_again_with_its_attempt_answers_failed(
 ) -> None:
     run_id, gate_id = await paused(h, fake_openai, "fail me")
     k = h.keys
-    rk, shard = k.run(run_id), k.shard_of(run_id)
+    rk = k.run(run_id)
     fence = await take_lease(redis, rk)
-    keys = [
-        rk,
-        k.events(shard),
-        k.finished(shard),
-        k.deadlines(shard),
-        k.run_gates(run_id),
-        k.active(shard),
-        rk,
-        rk,
-        k.jobs(shard),
-        k.turn(run_id, 1),
-        k.gate(gate_id),
-    ]
+    keys = stopping.fail_keys(k, run_id, {}, 1, [gate_id])
     data = json.dumps({"run_id": run_id, "error": "boom", "retryable": False})
 
     async def fail(attempt: str) -> str:
