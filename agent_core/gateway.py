@@ -224,6 +224,15 @@ class Gateway:
                 return existing
         return Run.from_hash(fields)
 
+    async def started_run(self, idempotency_key: str) -> str | None:
+        """The id of the run :meth:`start_run` started with ``idempotency_key`` (remembered
+        for a day), or None."""
+        if not 0 < len(idempotency_key) <= 200:
+            return None
+        got = await self.redis.get(self.keys.start_key(idempotency_key))
+        run_id = got.decode() if isinstance(got, bytes) else got
+        return run_id if run_id and valid_run_id(run_id, self.keys) else None
+
     async def get_run(self, run_id: str) -> Run | None:
         """The run, or None."""
         if not valid_run_id(run_id, self.keys):

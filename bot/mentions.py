@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from . import cards
 from .acking import Ack, ack_when_recorded, at_ack
 from .commands import MAX_TASK_CHARS, parse_task
-from .context import BotContext
+from .context import BotContext, Redeliver
 from .conversations import (
     _BACKEND_ERRORS,
     MESSAGE_NS,
@@ -41,7 +42,10 @@ from .store import RECORD_TTL_SECONDS
 
 log = logging.getLogger(__name__)
 
-MESSAGE_TTL_SECONDS = 3600  # Slack retries for about an hour at most
+# How long a delivery's claim on a new task's message lasts: another delivery of it (Slack
+# retries an event not answered within 3 s: at once, then after 1 and 5 minutes) waits that
+# long for the holder, which answers within ACK_BUDGET_SECONDS unless its process died.
+CLAIM_SECONDS = 10.0
 _MENTION = re.compile(r"\s*<@([A-Z0-9]+)(?:\|[^>]*)?>\s*")
 
 EMPTY = "Write the task after the mention, for example: {bot} look up user 7. Nothing was started."
@@ -49,7 +53,10 @@ TOO_LONG = (
     "That task is {n:,} characters long; the limit is {limit:,}. Please shorten it. "
     "Nothing was started."
 )
-NOT_POSTED = "I could not post here ({err}), so the task was not started."
+NOT_POSTED = (
+    "I could not post here ({err}). The task was started anyway as run `{run}`: "
+    "`/agent status` shows it."
+)
 BACKEND_DOWN = "The agent backend is unavailable, so the task was not started. Try again shortly."
 
 
@@ -109,22 +116,35 @@ class Mentions:
         self.conversations = Conversations(ctx)
 
     async def on_ask(
-        self, ask: Ask, team: str, bot_user_id: str | None, ack: Ack | None = None
+        self,
+        ask: Ask,
+        team: str,
+        bot_user_id: str | None,
+        ack: Ack | None = None,
     ) -> None:
         """Start a run on the ask's text (the bot's mentions taken out), answering in its
         thread; in a run's thread, add it to that run instead (as written, as the
-        ``message`` event of the same message would). ``ack`` once that is recorded, or
-        once the claim on a new task is (a run is not started twice either way)."""
+        ``message`` event of the same message would). ``ack`` once that is recorded: the run
+        is durable and its root message posted, or nothing needs starting.
+
+        A delivery claims the message for :data:`CLAIM_SECONDS`. Slack's retry of a message
+        whose web process died before the ack (``ack_when_recorded``'s budget) finds no run,
+        or a run without its root message, and carries on once the claim lapsed; until then
+        it is left unacknowledged (:class:`Redeliver`), for Slack to deliver again later.
+        """
         ctx = self.ctx
         ident = f"{ask.channel}:{ask.ts}"
+        key = message_key(ask.channel, ask.ts)
         try:
             run_id = None
             if ask.thread_ts:
                 run_id = await ctx.store.run_of_thread(ask.channel, ask.thread_ts)
-            # Slack's retries carry the same message (and event_id): nothing is posted twice.
-            first = run_id is None and await ctx.store.first_time(
-                MESSAGE_NS, ident, MESSAGE_TTL_SECONDS
-            )
+            claimed, started = False, None
+            if run_id is None:
+                claimed = await ctx.store.claim(
+                    MESSAGE_NS, ident, secrets.token_hex(8), CLAIM_SECONDS
+                )
+                started = await ctx.gateway.started_run(key)
         except _BACKEND_ERRORS as exc:
             log.error("a message to the app was not recorded: %s", type(exc).__name__)
             if ack is not None:
@@ -135,31 +155,76 @@ class Mentions:
             reply = Reply(ask.channel, ask.thread_ts or ask.ts, ask.ts, ask.user, ask.text)
             await self.conversations.on_reply(reply, ack, run_id=run_id)
             return
-        if ack is not None:
-            await ack()
-        if not first:
-            log.info("message %s already handled (a retry)", ident)
+        if started is not None:
+            # Slack's retry of a message whose run exists: nothing is started twice. The
+            # claim's holder finishes what a dead delivery may have left (the root message).
+            if ack is not None:
+                await ack()
+            log.info("message %s already started run %s (a retry)", ident, started)
+            if claimed:
+                await self._show_started(started, ask, None, None)
             return
+        if not claimed:
+            raise Redeliver(f"message {ident} is being started by another delivery")
         text = strip_mentions(ask.text, bot_user_id)
         bot = f"<@{bot_user_id}>" if bot_user_id else "@agent"
         route = ctx.agents.route(parse_task(text))
         task, agent = route.task, route.agent
+        refusal = None
         if not task:
             if route.named and agent is not None:
-                await self._tell(
-                    ask, NO_TASK.format(agent=cards.clip_escaped(agent.name, 100), command=bot)
-                )
+                refusal = NO_TASK.format(agent=cards.clip_escaped(agent.name, 100), command=bot)
             else:
-                await self._tell(ask, EMPTY.format(bot=bot))
+                refusal = EMPTY.format(bot=bot)
+        elif len(task) > MAX_TASK_CHARS:
+            refusal = TOO_LONG.format(n=len(task), limit=MAX_TASK_CHARS)
+        note = None
+        if refusal is None:
+            refusal, note = await ctx.agents.refusal(agent)
+        if refusal is not None:
+            if ack is not None:
+                await ack()
+            await self._tell(ask, refusal)
             return
-        if len(task) > MAX_TASK_CHARS:
-            await self._tell(ask, TOO_LONG.format(n=len(task), limit=MAX_TASK_CHARS))
+        origin = {"channel": ask.channel, "thread_ts": ask.thread, "team": team}
+        try:
+            # Durable before the ack and before anything is posted: a web process that dies
+            # earlier has the event delivered again, and the message's key starts one run.
+            run = await ctx.gateway.start_run(
+                task,
+                requested_by=ask.user,
+                origin=origin,
+                # The message's dedupe key: its `message` twin, if it comes as a reply to
+                # this run, finds it recorded (Gateway.continue_run).
+                idempotency_key=key,
+                agent=agent.name if agent else None,
+            )
+        except Exception:
+            log.exception("start_run failed")
+            if ack is not None:
+                await ack()
+            await self._tell(ask, BACKEND_DOWN)
             return
-        refused, note = await ctx.agents.refusal(agent)
-        if refused is not None:
-            await self._tell(ask, refused)
+        log.info("run %s started by %s from a message in %s", run.run_id, ask.user, ask.channel)
+        await self._show_started(run.run_id, ask, note, ack)
+
+    async def _show_started(self, run_id: str, ask: Ask, note: str | None, ack: Ack | None) -> None:
+        """Link the person's thread to the run and post the run's root message there (unless
+        it already is), then ``ack``."""
+        ctx = self.ctx
+        try:
+            # Replies in the person's thread (not under the root message) continue the run.
+            thread_key = ctx.store.thread_key(ask.channel, ask.thread)
+            await ctx.store.redis.set(thread_key, run_id, ex=RECORD_TTL_SECONDS)
+            run = None if (await ctx.store.run(run_id)).ts else await ctx.gateway.get_run(run_id)
+        except Exception as exc:
+            log.warning("root message not posted: %s", exc)
+            run = None
+        if run is None:
+            if ack is not None:
+                await ack()
             return
-        root = cards.root_message(task, ask.user, None, ctx.settings.slash_command)
+        root = cards.root_message(run.task, run.requested_by, run, ctx.settings.slash_command)
         try:
             resp = await ctx.client.chat_postMessage(
                 channel=ask.channel, thread_ts=ask.thread, text=root.text, blocks=root.blocks
@@ -167,40 +232,20 @@ class Mentions:
         except Exception as exc:
             err = slack_error(exc)
             log.warning("could not post the task message in %s: %s", ask.channel, err)
-            await self._tell(ask, NOT_POSTED.format(err=err))
+            if ack is not None:
+                await ack()
+            await self._tell(ask, NOT_POSTED.format(err=err, run=cards.clip_escaped(run_id, 100)))
             return
-        ts = str(resp["ts"])
-        origin = {"channel": ask.channel, "thread_ts": ask.thread, "team": team}
         try:
-            run = await ctx.gateway.start_run(
-                task,
-                requested_by=ask.user,
-                origin=origin,
-                # The message's dedupe key: its `message` twin, if it comes as a reply to
-                # this run, finds it recorded (Gateway.continue_run).
-                idempotency_key=message_key(ask.channel, ask.ts),
-                agent=agent.name if agent else None,
-            )
-        except Exception:
-            log.exception("start_run failed")
-            failed = cards.root_not_started(task, ask.user)
-            try:
-                await ctx.client.chat_update(
-                    channel=ask.channel, ts=ts, text=failed.text, blocks=failed.blocks
-                )
-            except Exception as exc:
-                log.warning("could not mark the task message failed: %s", slack_error(exc))
-            await self._tell(ask, BACKEND_DOWN)
-            return
-        log.info("run %s started by %s from a message in %s", run.run_id, ask.user, ask.channel)
+            await ctx.store.save_run_root(run_id, ask.channel, str(resp["ts"]))
+        except Exception as exc:  # the notifier updates it on the run's next event
+            log.warning("root message not recorded: %s", exc)
+        if ack is not None:
+            await ack()
         if note is not None:
             await self._tell(ask, note)
         try:
-            await ctx.store.save_run_root(run.run_id, ask.channel, ts)
-            # Replies in the person's thread (not under the root message) continue the run.
-            thread_key = ctx.store.thread_key(ask.channel, ask.thread)
-            await ctx.store.redis.set(thread_key, run.run_id, ex=RECORD_TTL_SECONDS)
-            await ctx.publisher.show_run(run.run_id)
+            await ctx.publisher.show_run(run_id)
         except Exception as exc:  # the notifier updates it on the run's next event
             log.warning("root message update deferred: %s", exc)
 

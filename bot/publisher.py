@@ -451,8 +451,10 @@ class Publisher:
             return str(h["parent"])
         run = Run.from_hash(h)
         rec = run_record(rec_h)
-        channel = rec.channel or _opt_str(run.origin.get("channel"))
-        ts = rec.ts or _opt_str(run.origin.get("thread_ts"))
+        # Only the root message recorded as the bot's: a run's thread may start with the
+        # person's own message (a mention, a DM), which is not ours to update. The one who
+        # records the root message shows the run on it right after.
+        channel, ts = rec.channel, rec.ts
         if not channel or not ts:
             return None
         card = cards.root_message(run.task, run.requested_by, run, self.command)

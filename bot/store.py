@@ -305,6 +305,15 @@ class Store:
         key = self.keys.ext(namespace, ident, self.keys.shard_for(ident))
         return bool(await self.redis.set(key, "1", nx=True, ex=ttl_seconds))
 
+    async def claim(self, namespace: str, ident: str, token: str, lease_seconds: float) -> bool:
+        """Claim ``ident`` in ``namespace`` for ``lease_seconds``: True when it was free or is
+        already held by ``token`` (the same delivery again, or a reply lost after the SET)."""
+        key = self.keys.ext(namespace, ident, self.keys.shard_for(ident))
+        if await self.redis.set(key, token, nx=True, px=max(int(lease_seconds * 1000), 1)):
+            return True
+        holder = await self.redis.get(key)
+        return holder is not None and _s(holder) == token
+
     # --- locks ------------------------------------------------------------------------
     def lock_key(self, name: str) -> str:
         # "gate:<id>", "run:<id>" and "turn:<run id>:<turn>" locks live in that shard.

@@ -173,7 +173,17 @@ class BotHarness:
                     return g
             return None
 
-        gate: Gate = await wait_until(card_posted, timeout=timeout)
+        try:
+            gate: Gate = await wait_until(card_posted, timeout=timeout)
+        except AssertionError:
+            # What a person would look at: the run, its gates, and Slack's recent answers.
+            run = await self.gateway.get_run(run_id)
+            gates = await self._all_gates(run_id)
+            calls = [(c.method, c.status, c.response.get("error")) for c in self.fake.calls[-15:]]
+            raise AssertionError(
+                f"no card for run {run_id} within {timeout} s: run {run!r}; gates {gates!r}; "
+                f"last Slack calls {calls}"
+            ) from None
         return gate
 
     async def _all_gates(self, run_id: str) -> list[Gate]:

@@ -19,6 +19,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agent_core import Gateway, scripts
 from agent_core.runner import Runner
+from bot.store import Store
 from tests.agents import ops
 from tests.bot.conftest import APPROVER, APPROVER2, CHANNEL, GROUP_MEMBER, REQUESTER, BotHarness
 
@@ -83,6 +84,8 @@ class GatePool:
             f"fuzz {secrets.token_hex(4)}", requested_by=REQUESTER, origin=origin
         )
         k = gw.keys
+        if self.slack is not None and self.threaded:  # recorded as /agent records it
+            await Store(self.redis, k).save_run_root(run.run_id, CHANNEL, thread_ts)
         await self.redis.hset(
             k.run(run.run_id), mapping={"status": "running", "turn": 1, "phase": "tools"}
         )
