@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -667,8 +668,37 @@ def run_status(run: Run) -> str:
     return status_label(run.status)
 
 
-def root_message(task: str, user_id: str, run: Run | None, command: str = "/agent") -> Card:
-    """The channel message a run's thread hangs from."""
+# How a finished run's calls that did not run are counted on its root message.
+_NOT_RUN = (
+    (GateStatus.DENIED, "denied"),
+    (GateStatus.EXPIRED, "expired"),
+    (GateStatus.CANCELLED, "closed unanswered"),
+)
+
+
+def calls_not_run(gates: Sequence[Gate]) -> str:
+    """``"1 call denied"``, ``"3 calls not run: 1 denied, 2 expired"``: a finished run's gated
+    calls that never ran (empty when none): "completed" alone reads as if they all ran."""
+    counts = [(sum(1 for g in gates if g.status is st), label) for st, label in _NOT_RUN]
+    counts = [(n, label) for n, label in counts if n]
+    total = sum(n for n, _ in counts)
+    calls = "call" if total == 1 else "calls"
+    if not counts:
+        return ""
+    if len(counts) == 1:
+        return f"{total} {calls} {counts[0][1]}"
+    return f"{total} {calls} not run: " + ", ".join(f"{n} {label}" for n, label in counts)
+
+
+def root_message(
+    task: str,
+    user_id: str,
+    run: Run | None,
+    command: str = "/agent",
+    gates: Sequence[Gate] = (),
+) -> Card:
+    """The channel message a run's thread hangs from; ``gates``: the run's own gates, whose
+    calls that never ran a finished run names."""
     intro = f"🤖 Task started by {user(user_id)}: {clip_escaped(task, TASK_LIMIT)}"
     blocks: list[dict[str, Any]] = [_section(intro)]
     if run is None:
@@ -676,6 +706,9 @@ def root_message(task: str, user_id: str, run: Run | None, command: str = "/agen
     else:
         rid = clip_escaped(run.run_id, 100)
         line = f"Run `{rid}` · {run_status(run)}"
+        not_run = calls_not_run(gates) if run.status.finished else ""
+        if not_run:
+            line += f" · {not_run}"
         if not run.status.finished:
             line += f" · cancel with `{command} cancel {rid}`"
         elif run.retryable:

@@ -457,7 +457,9 @@ class Publisher:
         channel, ts = rec.channel, rec.ts
         if not channel or not ts:
             return None
-        card = cards.root_message(run.task, run.requested_by, run, self.command)
+        # A finished run names its calls that never ran (one more read, once it finished).
+        gates = await self.gateway.gates(run_id) if run.status.finished else []
+        card = cards.root_message(run.task, run.requested_by, run, self.command, gates)
         d = digest(card)
         if rec.digest == d:
             return None

@@ -265,6 +265,21 @@ def test_root_and_status_messages_are_valid() -> None:
     assert "/agent cancel r-abcdefghijkl" in all_text(root.blocks)
     done = run.model_copy(update={"status": RunStatus.COMPLETED})
     assert "cancel" not in all_text(cards.root_message("x", "U1", done).blocks)
+    # A finished run names the gated calls that never ran; approved ones are not counted.
+    g = make_gate()
+    statuses = (GateStatus.APPROVED, GateStatus.DENIED, GateStatus.EXPIRED)
+    gates = [g.model_copy(update={"status": s}) for s in statuses]
+    text = all_text(cards.root_message("x", "U1", done, gates=gates).blocks)
+    assert "✅ completed · 2 calls not run: 1 denied, 1 expired" in text
+    assert "not run" not in all_text(cards.root_message("x", "U1", done, gates=gates[:1]).blocks)
+    two = [gates[1], gates[1]]
+    assert "· 2 calls denied" in all_text(cards.root_message("x", "U1", done, gates=two).blocks)
+    closed = [g.model_copy(update={"status": GateStatus.CANCELLED})]
+    cancelled = run.model_copy(update={"status": RunStatus.CANCELLED})
+    root = all_text(cards.root_message("x", "U1", cancelled, gates=closed).blocks)
+    assert "✖️ cancelled · 1 call closed unanswered" in root
+    # While the run is not finished, nothing is counted yet.
+    assert "denied" not in all_text(cards.root_message("x", "U1", run, gates=two).blocks)
     runs = [run.model_copy(update={"run_id": f"r-{i:012d}"}) for i in range(20)]
     status = cards.status_message(runs, {runs[0].run_id: [make_gate()] * 7})
     assert_valid_message(status)

@@ -144,6 +144,11 @@ async def test_deny_with_reason_reaches_the_model(
     assert journal_lines(journal) == []
     msg = await live.wait_card(gate.gate_id, "Denied")
     assert "wrong recipient" in str(msg.blocks) and "gate_deny" not in str(msg.blocks)
+    # The root message does not read as if the email went out.
+    thread_ts = done.origin["thread_ts"]
+    await live.fake.wait_for(
+        lambda f: f.shows(CHANNEL, thread_ts, "✅ completed · 1 call denied"), what="root"
+    )
 
 
 async def test_unauthorized_and_self_approval_are_refused(
