@@ -19,6 +19,7 @@ import asyncio
 import html
 import logging
 import re
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,8 @@ MAX_TASK_CHARS = 2000
 ACK_BUDGET_SECONDS = 2.0
 # A task whose command could not even be recorded this long after it arrived is given up.
 START_DEADLINE_SECONDS = 30.0
+# How long a slash command's trigger_id is remembered (a repeat of the same request).
+TRIGGER_SECONDS = 600
 _CANCEL = re.compile(r"^cancel\s+(\S+)\s*$", re.IGNORECASE)
 _RETRY = re.compile(r"^retry\s+(\S+)\s*$", re.IGNORECASE)
 
@@ -191,8 +194,12 @@ class Commands:
         trigger = body.get("trigger_id")
         if isinstance(trigger, str) and trigger:
             try:
+                # Claimed with this request's own token: a SET retried by the client after
+                # its reply was lost finds its own claim, not "a repeated request".
                 first = await asyncio.wait_for(
-                    ctx.store.first_time("slack-trigger", trigger),
+                    ctx.store.claim(
+                        "slack-trigger", trigger, secrets.token_hex(8), TRIGGER_SECONDS
+                    ),
                     timeout=max(progress.deadline - loop.time(), 0.0),
                 )
             except TimeoutError:

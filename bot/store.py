@@ -300,11 +300,6 @@ class Store:
             turns = await pipe.execute()
         return [k for k, t in zip(kids, turns, strict=True) if t and t.isdigit() and int(t) > turn]
 
-    async def first_time(self, namespace: str, ident: str, ttl_seconds: int = 600) -> bool:
-        """True the first time ``ident`` is seen in ``namespace`` within ``ttl_seconds``."""
-        key = self.keys.ext(namespace, ident, self.keys.shard_for(ident))
-        return bool(await self.redis.set(key, "1", nx=True, ex=ttl_seconds))
-
     async def claim(self, namespace: str, ident: str, token: str, lease_seconds: float) -> bool:
         """Claim ``ident`` in ``namespace`` for ``lease_seconds``: True when it was free or is
         already held by ``token`` (the same delivery again, or a reply lost after the SET)."""

@@ -16,19 +16,29 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import Gateway, Keys
+from agent_core import Gateway, Keys, create_redis
 from bot import mentions
 from bot.conversations import MESSAGE_NS
 from bot.store import Store
 from bot.testing import FakeSlack, SlackClient
-from tests.bot.conftest import CHANNEL, PREFIX, REQUESTER, SIGNING_SECRET, BotHarness, wait_until
+from tests.bot.conftest import (
+    CHANNEL,
+    PREFIX,
+    REQUESTER,
+    SIGNING_SECRET,
+    BotHarness,
+    bot_settings,
+    wait_until,
+)
 from tests.bot.test_mentions import mention
 from tests.bot.test_process import ROOT, free_port
+from tests.tcp_proxy import TcpProxy
 
 Spawn = Callable[[], Awaitable[tuple[SlackClient, "subprocess.Popen[bytes]"]]]
 
@@ -154,3 +164,27 @@ async def test_a_delivery_finding_another_at_work_is_left_for_slack_and_then_sta
     assert run.task == task
     roots = [m for m in bot.fake.thread(CHANNEL, event["ts"]) if m.text.startswith("Task")]
     assert len(roots) == 1 and (await store.run(run.run_id)).ts == roots[0].ts
+
+
+async def test_a_slash_command_whose_claim_reply_is_lost_still_starts_once(
+    redis_url: str, fake_slack: FakeSlack, redis: Redis
+) -> None:
+    """Redis records the command's trigger, but its answer is lost; redis-py sends the SET
+    again. The retry must find the request's own claim, not 'already received'."""
+    parts = urlsplit(redis_url)
+    with TcpProxy(parts.port or 6379, parts.hostname or "127.0.0.1") as proxy:
+        through_proxy = create_redis(proxy.url_for(redis_url))
+        bot = BotHarness(through_proxy, fake_slack, bot_settings(fake_slack))
+        await bot.start()
+        try:
+            proxy.lose_reply(b"SET", b"slack-trigger")
+            resp = await bot.client.command("look up user 9", user_id=REQUESTER, channel_id=CHANNEL)
+            assert resp.status == 200 and "already" not in resp.text
+            assert proxy.armed == 0, "the claim's reply was lost"
+            runs = await wait_until(lambda: bot.gateway.runs_for_user(REQUESTER))
+            assert [r.task for r in runs] == ["look up user 9"]
+            roots = [m for m in fake_slack.messages if m.text.startswith("Task started")]
+            assert len(roots) == 1 and runs[0].run_id in str(roots[0].blocks)
+        finally:
+            await bot.close()
+            await through_proxy.aclose()
