@@ -183,8 +183,12 @@ async def test_a_slash_command_whose_claim_reply_is_lost_still_starts_once(
             assert proxy.armed == 0, "the claim's reply was lost"
             runs = await wait_until(lambda: bot.gateway.runs_for_user(REQUESTER))
             assert [r.task for r in runs] == ["look up user 9"]
+            await fake_slack.wait_for(
+                lambda f: [m for m in f.messages if runs[0].run_id in str(m.blocks)],
+                what="the root message showing the run",
+            )
             roots = [m for m in fake_slack.messages if m.text.startswith("Task started")]
-            assert len(roots) == 1 and runs[0].run_id in str(roots[0].blocks)
+            assert len(roots) == 1
         finally:
             await bot.close()
             await through_proxy.aclose()
