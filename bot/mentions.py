@@ -158,11 +158,11 @@ class Mentions:
         if started is not None:
             # Slack's retry of a message whose run exists: nothing is started twice. The
             # claim's holder finishes what a dead delivery may have left (the root message).
-            if ack is not None:
-                await ack()
             log.info("message %s already started run %s (a retry)", ident, started)
             if claimed:
-                await self._show_started(started, ask, None, None)
+                await self._show_started(started, ask, None, ack)
+            elif ack is not None:
+                await ack()
             return
         if not claimed:
             raise Redeliver(f"message {ident} is being started by another delivery")
