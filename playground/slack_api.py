@@ -331,36 +331,43 @@ class WebApi:
             return None
         return oldest, latest, truthy(args.get("inclusive"))
 
+    def _read_problem(self, args: dict[str, Any]) -> dict[str, Any] | None:
+        """The refusal of a conversations.history/replies call's channel or range."""
+        if (error := self.workspace.channel_problem(args.get("channel"))) is not None:
+            return _fail(error)
+        if self._range(args) is None:
+            return _fail("invalid_arguments", "oldest/latest must be timestamps")
+        return None
+
+    async def _window(self, args: dict[str, Any], root: str | None) -> list[Message]:
+        """The call's top-level messages (``root`` None) or replies, in its range."""
+        window = self._range(args)
+        assert window is not None, "checked by _read_problem"
+        oldest, latest, inclusive = window
+        channel = str(args["channel"])
+        return await self.store.window(
+            channel, root, oldest=oldest, latest=latest, inclusive=inclusive
+        )
+
     async def _api_conversations_history(self, args: dict[str, Any]) -> dict[str, Any]:
         """Top-level messages, newest first (thread replies are not included)."""
-        channel = args.get("channel")
-        if (error := self.workspace.channel_problem(channel)) is not None:
-            return _fail(error)
-        if (window := self._range(args)) is None:
-            return _fail("invalid_arguments", "oldest/latest must be timestamps")
-        oldest, latest, inclusive = window
-        found = await self.store.window(
-            str(channel), None, oldest=oldest, latest=latest, inclusive=inclusive
-        )
+        if (problem := self._read_problem(args)) is not None:
+            return problem
+        found = await self._window(args, None)
         found.sort(key=lambda m: float(m.ts), reverse=True)
         return await self._page(args, found, default_limit=100)
 
     async def _api_conversations_replies(self, args: dict[str, Any]) -> dict[str, Any]:
         """A thread: its parent first, then the replies in order."""
-        channel = args.get("channel")
-        if (error := self.workspace.channel_problem(channel)) is not None:
-            return _fail(error)
-        if (window := self._range(args)) is None:
-            return _fail("invalid_arguments", "oldest/latest must be timestamps")
-        target = await self.store.get(str(channel), str(args.get("ts") or ""))
+        if (problem := self._read_problem(args)) is not None:
+            return problem
+        channel = str(args["channel"])
+        target = await self.store.get(channel, str(args.get("ts") or ""))
         if target is None or target.ephemeral_to:
             return _fail("thread_not_found")
         root_ts = target.thread_ts if target.is_reply and target.thread_ts else target.ts
-        parent = await self.store.get(str(channel), root_ts)
-        oldest, latest, inclusive = window
-        replies = await self.store.window(
-            str(channel), root_ts, oldest=oldest, latest=latest, inclusive=inclusive
-        )
+        parent = await self.store.get(channel, root_ts)
+        replies = await self._window(args, root_ts)
         replies.sort(key=lambda m: float(m.ts))
         return await self._page(args, ([parent] if parent else []) + replies, default_limit=1000)
 

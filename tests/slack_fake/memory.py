@@ -1,8 +1,8 @@
 """The fake Slack's state in memory: the playground's :class:`~playground.state.State`, kept in
 this process instead of Redis, for the tests' :class:`~tests.slack_fake.FakeSlack`.
 
-The rules are the Redis store's (``tests/slack_fake/test_memory_store.py`` runs the same
-checks on both), with one leniency a test needs: a ``trigger_id`` or ``response_url`` the fake
+The rules are the Redis store's (``tests/playground/test_stores.py`` runs the same checks on
+both), with one leniency a test needs: a ``trigger_id`` or ``response_url`` the fake
 never issued (tests make them up in the payloads they send) is taken as issued just now to
 nobody in particular; a trigger whose id starts with ``expired`` is taken as expired. Either
 is still used up as Slack uses it (a trigger once).
