@@ -156,6 +156,8 @@ class WebApi:
 
     async def announce(self, msg: Message) -> None:
         """Publish a new or changed message, and its thread's root (whose reply count moved)."""
+        if not self.hub.listening:
+            return  # no page open (the tests' fake Slack never has one)
         self.hub.publish("message", await self.present(msg), to=msg.ephemeral_to)
         if msg.is_reply and not msg.ephemeral_to and msg.thread_ts:
             root = await self.store.get(msg.channel, msg.thread_ts)
