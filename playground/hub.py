@@ -27,6 +27,11 @@ class Hub:
     def __init__(self) -> None:
         self._subs: set[Subscriber] = set()
 
+    @property
+    def listening(self) -> bool:
+        """Whether any tab is subscribed."""
+        return bool(self._subs)
+
     def subscribe(self, user: str) -> Subscriber:
         sub = Subscriber(user)
         self._subs.add(sub)

@@ -6,7 +6,7 @@ call), an approver named in APPROVERS, a member of an approver user group, and a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .workspace import Person, UserGroup, Workspace
 
 TEAM_ID = "T0PGTEAM"
 TEAM_NAME = "Playground"
@@ -18,13 +18,6 @@ BOT_NAME = "agent"
 APP_ID = "A0PGAPP"
 
 
-@dataclass(frozen=True)
-class Person:
-    id: str
-    name: str
-    title: str
-
-
 REQUESTER = Person("U0PGRILEY", "Riley", "requester: starts tasks")
 APPROVER = Person("U0PGAVERY", "Avery", "approver (in APPROVERS)")
 ON_CALL = Person("U0PGSAM", "Sam", "on-call: in the @oncall approver group")
@@ -32,21 +25,32 @@ OUTSIDER = Person("U0PGMORGAN", "Morgan", "outsider: not an approver")
 PEOPLE: tuple[Person, ...] = (REQUESTER, APPROVER, ON_CALL, OUTSIDER)
 
 ONCALL_GROUP = "S0PGONCALL"
-USERGROUPS: dict[str, tuple[str, str, list[str]]] = {
-    # id: (handle, name, members)
-    ONCALL_GROUP: ("oncall", "On-call", [ON_CALL.id]),
+USERGROUPS: dict[str, UserGroup] = {
+    ONCALL_GROUP: UserGroup(ONCALL_GROUP, "oncall", "On-call", (ON_CALL.id,)),
 }
 
 # What the bot's APPROVERS is set to when the person running the playground sets none.
 DEFAULT_APPROVERS = f"{APPROVER.id},{ONCALL_GROUP}"
 
 
+# The workspace the playground's Web API answers about: its one channel, these people.
+WORKSPACE = Workspace(
+    team_id=TEAM_ID,
+    team_name=TEAM_NAME,
+    bot_user_id=BOT_USER_ID,
+    bot_id=BOT_ID,
+    bot_name=BOT_NAME,
+    app_id=APP_ID,
+    url="http://playground.localhost/",
+    channels=frozenset({CHANNEL_ID}),
+    people={p.id: p for p in PEOPLE},
+    usergroups=USERGROUPS,
+)
+
+
 def person(user_id: str) -> Person | None:
-    return next((p for p in PEOPLE if p.id == user_id), None)
+    return WORKSPACE.people.get(user_id)
 
 
 def display_name(user_id: str) -> str:
-    if user_id == BOT_USER_ID:
-        return BOT_NAME
-    found = person(user_id)
-    return found.name if found else user_id
+    return WORKSPACE.display_name(user_id)

@@ -20,9 +20,7 @@ What a person does on the page becomes the request Slack would send the bot
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import html
-import json
 import logging
 import re
 import secrets
@@ -37,7 +35,7 @@ from aiohttp import web
 from . import guard, people
 from .hub import Hub
 from .outbound import Answer, Sender, new_trigger_id
-from .slack_api import WebApi, bot_message, with_block_ids
+from .slack_api import WebApi
 from .store import Message, Store
 from .wire import (
     MAX_MESSAGE_BLOCKS,
@@ -47,7 +45,6 @@ from .wire import (
     blocks_detail,
     read_args,
     read_upload,
-    truthy,
 )
 
 log = logging.getLogger(__name__)
@@ -92,7 +89,7 @@ class Playground:
         """``post_limit``: limit chat.postMessage per channel as Slack does (None: no limit)."""
         self.store = store
         self.hub = Hub()
-        self.api = WebApi(store, self.hub, token, post_limit)
+        self.api = WebApi(store, people.WORKSPACE, token, hub=self.hub, post_limit=post_limit)
         self.sender = sender
         self.info = info
         self.response_base = ""  # http://127.0.0.1:PORT, set once listening
@@ -180,45 +177,11 @@ class Playground:
         )
 
     async def _respond(self, request: web.Request) -> web.Response:
-        ctx = await self.store.use_response_url(request.match_info["token"])
-        if ctx is None:
-            return web.Response(status=404, text="expired_url")
         args = await read_args(request)
-        if isinstance(args.get("payload"), str):  # some clients post payload=<json>
-            with contextlib.suppress(ValueError, TypeError):
-                args = dict(json.loads(args["payload"]))
-        user, channel = str(ctx["user"]), str(ctx["channel"])
-        original = (
-            await self.store.get(channel, str(ctx["message_ts"])) if ctx.get("message_ts") else None
-        )
-        if truthy(args.get("delete_original")):
-            if original is not None:
-                await self.store.delete(original)
-                self.hub.publish(
-                    "delete", {"channel": channel, "ts": original.ts}, to=original.ephemeral_to
-                )
-            return web.json_response({"ok": True})
-        if args.get("blocks") is not None:
-            error, detail = blocks_detail(args["blocks"], MAX_MESSAGE_BLOCKS)
-            if error:
-                self.hub.publish(
-                    "notice", {"level": "error", "text": f"response_url → {error}: {detail}"}
-                )
-                return web.json_response({"ok": False, "error": error}, status=400)
-        if not args.get("text") and not args.get("blocks"):
-            return web.json_response({"ok": False, "error": "no_text"}, status=400)
-        if truthy(args.get("replace_original")) and original is not None:
-            original.text = str(args.get("text") or "")
-            original.blocks = with_block_ids(list(args.get("blocks") or []))
-            original.updated += 1
-            await self.store.save(original)
-            await self.api.announce(original)
-            return web.json_response({"ok": True})
-        in_channel = args.get("response_type") == "in_channel"
-        thread = args.get("thread_ts") or ctx.get("thread_ts")
-        content = {**args, "channel": channel, "thread_ts": thread}
-        await self.api.post(bot_message(content, ephemeral_to=None if in_channel else user))
-        return web.json_response({"ok": True})
+        status, body = await self.api.respond(request.match_info["token"], args)
+        if status == 404:
+            return web.Response(status=404, text=str(body["error"]))
+        return web.json_response(body, status=status)
 
     async def _response_url(self, user: str, msg: Message | None) -> str:
         token = secrets.token_urlsafe(18)
@@ -253,8 +216,8 @@ class Playground:
                 "users": [{"id": p.id, "name": p.name, "title": p.title} for p in people.PEOPLE],
                 "default_user": people.REQUESTER.id,
                 "usergroups": [
-                    {"id": gid, "handle": h, "name": n, "users": list(u)}
-                    for gid, (h, n, u) in people.USERGROUPS.items()
+                    {"id": g.id, "handle": g.handle, "name": g.name, "users": list(g.members)}
+                    for g in people.USERGROUPS.values()
                 ],
                 "model": {
                     "scripted": self.info.model_scripted,
@@ -406,7 +369,9 @@ class Playground:
                 return
             in_channel = data.get("response_type") == "in_channel"
             content = {**data, "channel": people.CHANNEL_ID, "thread_ts": thread}
-            await self.api.post(bot_message(content, ephemeral_to=None if in_channel else user))
+            await self.api.post(
+                self.api.bot_message(content, ephemeral_to=None if in_channel else user)
+            )
         elif data is None and answer.body.strip():
             await self._ephemeral(user, thread, answer.body.strip())
 

@@ -1,10 +1,22 @@
-"""The Slack Web API methods the bot calls, served by the playground in Slack's wire format.
+"""The Slack Web API methods the bot calls, in Slack's wire format: the one fake Slack.
 
-Each ``_api_<method>`` (``chat.postMessage`` is ``_api_chat_postMessage``) takes the call's
-arguments and returns the JSON body Slack would answer with; what changed is stored
-(:mod:`playground.store`) and published to the page (:mod:`playground.hub`). A refused call
-(``invalid_blocks``, ``expired_trigger_id``…) is also shown on the page, with the reason, as
-Slack would show it to the developer: the bot itself sees only the error code.
+The playground serves it (its state in Redis, :mod:`playground.store`); the tests' fake Slack
+serves it too (its state in memory, ``tests/slack_fake``), adding only what tests need on top
+(injected faults, held answers, a record of every call). Each ``_api_<method>``
+(``chat.postMessage`` is ``_api_chat_postMessage``) takes the call's arguments and returns the
+JSON body Slack would answer with; what changed is stored (a :class:`~playground.state.State`)
+and published to the page (:mod:`playground.hub`). A refused call (``invalid_blocks``,
+``expired_trigger_id``…) is also shown on the page, with the reason, as Slack would show it to
+the developer: the bot itself sees only the error code. Who is in the workspace (team, bot,
+people, groups, channels) is a :class:`~playground.workspace.Workspace`.
+
+Message metadata follows Slack: ``chat.postMessage`` (and ``chat.update``) take
+``metadata={"event_type": ..., "event_payload": {...}}``; ``conversations.history`` and
+``conversations.replies`` return it only when called with ``include_all_metadata=true``. Both
+page with ``limit`` and an opaque ``cursor``, and filter on ``oldest``/``latest`` (exclusive
+unless ``inclusive``). Slack gives a block sent without a ``block_id`` one of its own, puts a
+reply to a reply in the same thread, and clears an assistant thread's status line when the app
+posts in it; so does this.
 
 With a :class:`~playground.wire.PostRateLimit`, ``chat.postMessage`` is limited per channel as
 Slack limits it (HTTP 429 with ``Retry-After``). Files are uploaded as ``files_upload_v2`` does
@@ -14,6 +26,8 @@ and shown on the page as an attachment that links to the content.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import math
 import secrets
@@ -22,9 +36,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
-from . import people
 from .hub import Hub
-from .store import TRIGGER_USED, Message, Store
+from .state import TRIGGER_USED, Message, State
 from .wire import (
     ASSISTANT_REQUIRED,
     MAX_MESSAGE_BLOCKS,
@@ -42,6 +55,7 @@ from .wire import (
     truthy,
     upload_url_problem,
 )
+from .workspace import Workspace
 
 log = logging.getLogger(__name__)
 
@@ -59,16 +73,25 @@ class WebApi:
     """The Web API (see the module docstring)."""
 
     def __init__(
-        self, store: Store, hub: Hub, token: str, post_limit: PostRateLimit | None = None
+        self,
+        store: State,
+        workspace: Workspace,
+        token: str,
+        *,
+        hub: Hub | None = None,
+        post_limit: PostRateLimit | None = None,
+        validate_blocks: bool = True,
     ) -> None:
+        """``hub``: where the page hears of changes (none: nobody listens); ``post_limit``:
+        limit chat.postMessage per channel as Slack does; ``validate_blocks`` False: take any
+        blocks (a benchmark's shortcut, never Slack's)."""
         self.store = store
-        self.hub = hub
+        self.workspace = workspace
+        self.hub = hub or Hub()
         self.token = token
         self.post_limit = post_limit
+        self.validate_blocks = validate_blocks
         self.base_url = ""  # http://127.0.0.1:PORT once listening (upload URLs point there)
-        # The assistant status line of each thread, (channel, thread_ts) → status: the bot
-        # sets one only for runs from an assistant thread, which the playground has none of.
-        self.statuses: dict[tuple[str, str], str] = {}
 
     async def call(self, method: str, args: dict[str, Any], token: str | None) -> dict[str, Any]:
         """Answer one call; the body Slack would send (HTTP 200 in every case, as Slack)."""
@@ -82,7 +105,7 @@ class WebApi:
         else:
             handler: Handler | None = getattr(self, "_api_" + method.replace(".", "_"), None)
             if handler is None:
-                out = _fail("unknown_method", f"the playground does not implement {method}")
+                out = _fail("unknown_method", f"this fake Slack does not implement {method}")
             else:
                 out = await handler(args)
         detail = out.pop("_detail", "")
@@ -109,7 +132,7 @@ class WebApi:
             "ts": msg.ts,
             "thread_ts": msg.thread_ts,
             "user": msg.user,
-            "user_name": people.display_name(msg.user),
+            "user_name": self.workspace.display_name(msg.user),
             "bot": msg.bot_id is not None,
             "text": msg.text,
             "blocks": msg.blocks,
@@ -133,6 +156,8 @@ class WebApi:
 
     async def announce(self, msg: Message) -> None:
         """Publish a new or changed message, and its thread's root (whose reply count moved)."""
+        if not self.hub.listening:
+            return  # no page open (the tests' fake Slack never has one)
         self.hub.publish("message", await self.present(msg), to=msg.ephemeral_to)
         if msg.is_reply and not msg.ephemeral_to and msg.thread_ts:
             root = await self.store.get(msg.channel, msg.thread_ts)
@@ -152,13 +177,36 @@ class WebApi:
         await self.announce(msg)
         return msg
 
+    def bot_message(
+        self,
+        args: dict[str, Any],
+        *,
+        ephemeral_to: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Message:
+        """A new message from the bot with the content of a call's (or an answer's)
+        arguments: ``channel``, ``text``, ``blocks``, ``thread_ts``; its ts is given when it
+        is posted."""
+        return Message(
+            channel=str(args.get("channel") or ""),
+            ts="",
+            text=str(args.get("text") or ""),
+            blocks=list(args.get("blocks") or []),
+            thread_ts=str(args["thread_ts"]) if args.get("thread_ts") else None,
+            user=self.workspace.bot_user_id,
+            bot_id=self.workspace.bot_id,
+            metadata=metadata,
+            ephemeral_to=ephemeral_to,
+        )
+
     def wire(self, msg: Message, with_metadata: bool) -> dict[str, Any]:
+        """A message as the Web API returns it (without its thread's reply counts)."""
         out: dict[str, Any] = {"type": "message", "text": msg.text, "ts": msg.ts}
         if msg.user:
             out["user"] = msg.user
         if msg.bot_id:
             out["bot_id"] = msg.bot_id
-            out["app_id"] = people.APP_ID
+            out["app_id"] = self.workspace.app_id
         if msg.blocks:
             out["blocks"] = msg.blocks
         if msg.thread_ts:
@@ -175,36 +223,39 @@ class WebApi:
     # ------------------------------------------------------------------ checks
     def _content_problem(self, args: dict[str, Any]) -> dict[str, Any] | None:
         channel = args.get("channel")
-        if channel != people.CHANNEL_ID:
-            return _fail("channel_not_found", f"no channel {str(channel)[:40]!r} here")
+        if (error := self.workspace.channel_problem(channel)) is not None:
+            return _fail(error, f"no channel {str(channel)[:40]!r} the bot can post to")
         blocks = args.get("blocks")
         if not args.get("text") and not blocks:
             return _fail("no_text")
         if "metadata" in args and metadata_problem(args["metadata"]):
             return _fail("invalid_metadata_format")
-        if blocks is not None:
+        if blocks is not None and self.validate_blocks:
             error, detail = blocks_detail(blocks, MAX_MESSAGE_BLOCKS)
             if error:
                 return _fail(error, detail)
         return None
 
-    # ------------------------------------------------------------------ methods
+    # ------------------------------------------------------------------ messages
     async def _api_auth_test(self, args: dict[str, Any]) -> dict[str, Any]:
+        ws = self.workspace
         return {
             "ok": True,
-            "url": "http://playground.localhost/",
-            "team": people.TEAM_NAME,
-            "user": people.BOT_NAME,
-            "team_id": people.TEAM_ID,
-            "user_id": people.BOT_USER_ID,
-            "bot_id": people.BOT_ID,
+            "url": ws.url,
+            "team": ws.team_name,
+            "user": ws.bot_name,
+            "team_id": ws.team_id,
+            "user_id": ws.bot_user_id,
+            "bot_id": ws.bot_id,
             "is_enterprise_install": False,
         }
 
     async def _api_chat_postMessage(self, args: dict[str, Any]) -> dict[str, Any]:
         if (problem := self._content_problem(args)) is not None:
             return problem
-        msg = await self.post(bot_message(args, metadata=args.get("metadata") or None))
+        msg = await self.post(self.bot_message(args, metadata=args.get("metadata") or None))
+        if msg.thread_ts:  # as Slack: the app's reply in a thread clears its status line
+            await self.store.set_status(msg.channel, msg.thread_ts, "")
         return {"ok": True, "channel": msg.channel, "ts": msg.ts, "message": self.wire(msg, True)}
 
     async def _api_chat_update(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -213,13 +264,13 @@ class WebApi:
         msg = await self.store.get(str(args["channel"]), str(args.get("ts") or ""))
         if msg is None or msg.ephemeral_to:
             return _fail("message_not_found")
-        if msg.user != people.BOT_USER_ID:
+        if msg.user != self.workspace.bot_user_id:
             return _fail("cant_update_message", "the bot can only update its own messages")
         if "text" in args:
             msg.text = str(args.get("text") or "")
         if "blocks" in args:  # omitted keeps the old blocks; [] removes them
             msg.blocks = with_block_ids(list(args.get("blocks") or []))
-        if "metadata" in args:
+        if "metadata" in args:  # omitted keeps the old metadata
             msg.metadata = args.get("metadata") or None
         msg.updated += 1
         await self.store.save(msg)
@@ -230,21 +281,22 @@ class WebApi:
         if (problem := self._content_problem(args)) is not None:
             return problem
         user = str(args.get("user") or "")
-        if people.person(user) is None:
+        if not self.workspace.is_member(user):
             return _fail("user_not_in_channel")
-        msg = await self.post(bot_message(args, ephemeral_to=user))
+        msg = await self.post(self.bot_message(args, ephemeral_to=user))
         return {"ok": True, "message_ts": msg.ts}
 
     async def _api_chat_delete(self, args: dict[str, Any]) -> dict[str, Any]:
         msg = await self.store.get(str(args.get("channel") or ""), str(args.get("ts") or ""))
         if msg is None or msg.ephemeral_to:
             return _fail("message_not_found")
-        if msg.user != people.BOT_USER_ID:
+        if msg.user != self.workspace.bot_user_id:
             return _fail("cant_delete_message")
         await self.store.delete(msg)
         self.hub.publish("delete", {"channel": msg.channel, "ts": msg.ts})
         return {"ok": True, "channel": msg.channel, "ts": msg.ts}
 
+    # ------------------------------------------------------------------ reading messages
     async def _page(
         self, args: dict[str, Any], found: list[Message], default_limit: int
     ) -> dict[str, Any]:
@@ -281,37 +333,91 @@ class WebApi:
             return None
         return oldest, latest, truthy(args.get("inclusive"))
 
+    def _read_problem(self, args: dict[str, Any]) -> dict[str, Any] | None:
+        """The refusal of a conversations.history/replies call's channel or range."""
+        if (error := self.workspace.channel_problem(args.get("channel"))) is not None:
+            return _fail(error)
+        if self._range(args) is None:
+            return _fail("invalid_arguments", "oldest/latest must be timestamps")
+        return None
+
+    async def _window(self, args: dict[str, Any], root: str | None) -> list[Message]:
+        """The call's top-level messages (``root`` None) or replies, in its range."""
+        window = self._range(args)
+        assert window is not None, "checked by _read_problem"
+        oldest, latest, inclusive = window
+        channel = str(args["channel"])
+        return await self.store.window(
+            channel, root, oldest=oldest, latest=latest, inclusive=inclusive
+        )
+
     async def _api_conversations_history(self, args: dict[str, Any]) -> dict[str, Any]:
         """Top-level messages, newest first (thread replies are not included)."""
-        if args.get("channel") != people.CHANNEL_ID:
-            return _fail("channel_not_found")
-        if (window := self._range(args)) is None:
-            return _fail("invalid_arguments", "oldest/latest must be timestamps")
-        oldest, latest, inclusive = window
-        found = await self.store.window(
-            people.CHANNEL_ID, None, oldest=oldest, latest=latest, inclusive=inclusive
-        )
+        if (problem := self._read_problem(args)) is not None:
+            return problem
+        found = await self._window(args, None)
         found.sort(key=lambda m: float(m.ts), reverse=True)
         return await self._page(args, found, default_limit=100)
 
     async def _api_conversations_replies(self, args: dict[str, Any]) -> dict[str, Any]:
         """A thread: its parent first, then the replies in order."""
-        if args.get("channel") != people.CHANNEL_ID:
-            return _fail("channel_not_found")
-        if (window := self._range(args)) is None:
-            return _fail("invalid_arguments", "oldest/latest must be timestamps")
-        target = await self.store.get(people.CHANNEL_ID, str(args.get("ts") or ""))
+        if (problem := self._read_problem(args)) is not None:
+            return problem
+        channel = str(args["channel"])
+        target = await self.store.get(channel, str(args.get("ts") or ""))
         if target is None or target.ephemeral_to:
             return _fail("thread_not_found")
         root_ts = target.thread_ts if target.is_reply and target.thread_ts else target.ts
-        parent = await self.store.get(people.CHANNEL_ID, root_ts)
-        oldest, latest, inclusive = window
-        replies = await self.store.window(
-            people.CHANNEL_ID, root_ts, oldest=oldest, latest=latest, inclusive=inclusive
-        )
+        parent = await self.store.get(channel, root_ts)
+        replies = await self._window(args, root_ts)
         replies.sort(key=lambda m: float(m.ts))
         return await self._page(args, ([parent] if parent else []) + replies, default_limit=1000)
 
+    # ------------------------------------------------------------------ response URLs
+    async def respond(self, token: str, args: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """A post to a ``response_url``: (the HTTP status, the JSON body) Slack answers. The
+        answer replaces or deletes the message clicked (``replace_original``,
+        ``delete_original``), or is posted: to the person alone unless ``in_channel``."""
+        ctx = await self.store.use_response_url(token)
+        if ctx is None:
+            return 404, {"ok": False, "error": "expired_url"}
+        if isinstance(args.get("payload"), str):  # some clients post payload=<json>
+            with contextlib.suppress(ValueError, TypeError):
+                args = dict(json.loads(args["payload"]))
+        user, channel = str(ctx.get("user") or ""), str(ctx.get("channel") or "")
+        message_ts = ctx.get("message_ts")
+        original = await self.store.get(channel, str(message_ts)) if message_ts else None
+        if truthy(args.get("delete_original")):
+            if original is not None:
+                await self.store.delete(original)
+                self.hub.publish(
+                    "delete", {"channel": channel, "ts": original.ts}, to=original.ephemeral_to
+                )
+            return 200, {"ok": True}
+        if args.get("blocks") is not None:
+            error, detail = blocks_detail(args["blocks"], MAX_MESSAGE_BLOCKS)
+            if error:
+                text = f"response_url → {error}: {detail}"
+                self.hub.publish("notice", {"level": "error", "text": text})
+                return 400, {"ok": False, "error": error}
+        if not args.get("text") and not args.get("blocks"):
+            return 400, {"ok": False, "error": "no_text"}
+        if truthy(args.get("replace_original")) and original is not None:
+            original.text = str(args.get("text") or "")
+            original.blocks = with_block_ids(list(args.get("blocks") or []))
+            original.updated += 1
+            await self.store.save(original)
+            await self.announce(original)
+            return 200, {"ok": True}
+        if not (user and channel):
+            return 200, {"ok": True}  # a URL whose context nobody gave: nowhere to show it
+        in_channel = args.get("response_type") == "in_channel"
+        thread = args.get("thread_ts") or ctx.get("thread_ts")
+        content = {**args, "channel": channel, "thread_ts": thread}
+        await self.post(self.bot_message(content, ephemeral_to=None if in_channel else user))
+        return 200, {"ok": True}
+
+    # ------------------------------------------------------------------ modals
     def view_problem(self, view: Any) -> dict[str, Any] | None:
         if not isinstance(view, dict) or view.get("type") != "modal":
             return _fail("invalid_arguments", "view must be a modal")
@@ -328,12 +434,13 @@ class WebApi:
         return None
 
     def full_view(self, view_id: str, view: dict[str, Any]) -> dict[str, Any]:
+        ws = self.workspace
         return {
             **view,
             "id": view_id,
-            "team_id": people.TEAM_ID,
-            "app_id": people.APP_ID,
-            "bot_id": people.BOT_ID,
+            "team_id": ws.team_id,
+            "app_id": ws.app_id,
+            "bot_id": ws.bot_id,
             "hash": secrets.token_hex(8),
             "state": {"values": {}},
         }
@@ -368,29 +475,25 @@ class WebApi:
 
     _api_views_push = _api_views_open
 
+    # ------------------------------------------------------------------ assistant threads
     async def _assistant_call(self, method: str, args: dict[str, Any]) -> dict[str, Any] | None:
         """The refusal of an ``assistant.threads.*`` call, or None when it is accepted."""
         if (problem := assistant_problem(method, args)) is not None:
             needs = ", ".join(ASSISTANT_REQUIRED[method])
             return _fail(problem, f"{method} takes {needs} (1 to 4 prompts, 10 loading messages)")
-        if args.get("channel_id") != people.CHANNEL_ID:
+        channel = args["channel_id"]
+        if self.workspace.channel_problem(channel) or not await self.store.has_messages(channel):
             return _fail("channel_not_found")
         thread_ts = args.get("thread_ts")
-        if (
-            thread_ts is not None
-            and await self.store.get(people.CHANNEL_ID, str(thread_ts)) is None
-        ):
+        if thread_ts is not None and await self.store.get(channel, str(thread_ts)) is None:
             return _fail("invalid_thread_ts")
         return None
 
     async def _api_assistant_threads_setStatus(self, args: dict[str, Any]) -> dict[str, Any]:
         if (problem := await self._assistant_call("assistant.threads.setStatus", args)) is not None:
             return problem
-        key, status = (str(args["channel_id"]), str(args["thread_ts"])), str(args["status"])
-        if status:
-            self.statuses[key] = status
-        else:
-            self.statuses.pop(key, None)  # an empty status clears it
+        # An empty status clears it.
+        await self.store.set_status(args["channel_id"], args["thread_ts"], str(args["status"]))
         return {"ok": True}
 
     async def _api_assistant_threads_setSuggestedPrompts(
@@ -420,71 +523,51 @@ class WebApi:
         if wanted is None:
             return _fail("invalid_arguments", "files must be a JSON array of {id, title}")
         channel = args.get("channel_id") or args.get("channels") or None
-        if channel is not None and channel != people.CHANNEL_ID:
-            return _fail("channel_not_found", f"no channel {str(channel)[:40]!r} here")
+        if channel is not None and (error := self.workspace.channel_problem(channel)):
+            return _fail(error, f"no channel {str(channel)[:40]!r} the bot can post to")
+        thread_ts = str(args["thread_ts"]) if channel and args.get("thread_ts") else None
         shared: list[dict[str, Any]] = []
         for w in wanted:
-            found = await self.store.share_file(w["id"], w["title"])
+            found = await self.store.share_file(w["id"], w["title"], channel, thread_ts)
             if found is None:
                 return _fail("file_not_found", f"{w['id']} was not uploaded (or already shared)")
-            url = f"{self.base_url}/files/{w['id']}/{quote(found['name'], safe='')}"
+            url = f"{self.base_url}/files/{w['id']}/{quote(found.name, safe='')}"
+            bot = self.workspace.bot_user_id
             shared.append(
-                file_object(
-                    w["id"],
-                    found["name"],
-                    found["title"],
-                    int(found["size"]),
-                    url,
-                    time.time(),
-                    people.BOT_USER_ID,
-                )
+                file_object(w["id"], found.name, found.title, found.size, url, time.time(), bot)
             )
         if channel is not None:
-            msg = bot_message(
-                {
-                    "channel": channel,
-                    "text": args.get("initial_comment") or "",
-                    "thread_ts": args.get("thread_ts"),
-                }
-            )
+            content = {"channel": channel, "text": args.get("initial_comment") or ""}
+            msg = self.bot_message({**content, "thread_ts": thread_ts})
             msg.files = shared
             await self.post(msg)
         return {"ok": True, "files": [{"id": f["id"], "title": f["title"]} for f in shared]}
 
+    # ------------------------------------------------------------------ people
     async def _api_usergroups_list(self, args: dict[str, Any]) -> dict[str, Any]:
         groups = [
-            {"id": gid, "team_id": people.TEAM_ID, "handle": handle, "name": name}
-            for gid, (handle, name, _members) in people.USERGROUPS.items()
+            {
+                "id": g.id,
+                "team_id": self.workspace.team_id,
+                "handle": g.handle,
+                "name": g.name,
+                "is_usergroup": True,
+            }
+            for g in self.workspace.usergroups.values()
         ]
         return {"ok": True, "usergroups": groups}
 
     async def _api_usergroups_users_list(self, args: dict[str, Any]) -> dict[str, Any]:
-        group = people.USERGROUPS.get(str(args.get("usergroup") or ""))
+        group = self.workspace.usergroups.get(str(args.get("usergroup") or ""))
         if group is None:
             return _fail("no_such_subteam")
-        return {"ok": True, "users": list(group[2])}
+        return {"ok": True, "users": list(group.members)}
 
     async def _api_users_info(self, args: dict[str, Any]) -> dict[str, Any]:
-        user = str(args.get("user") or "")
-        found = people.person(user)
-        if found is None and user != people.BOT_USER_ID:
+        found = self.workspace.user_info(str(args.get("user") or ""))
+        if found is None:
             return _fail("user_not_found")
-        name = people.display_name(user)
-        return {
-            "ok": True,
-            "user": {
-                "id": user,
-                "team_id": people.TEAM_ID,
-                "name": name.lower(),
-                "real_name": name,
-                "is_bot": found is None,
-                "profile": {
-                    "real_name": name,
-                    "display_name": name,
-                    "title": found.title if found else "",
-                },
-            },
-        }
+        return {"ok": True, "user": found}
 
 
 def with_block_ids(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -496,24 +579,3 @@ def with_block_ids(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else {**b, "block_id": secrets.token_urlsafe(4)[:5]}
         for b in blocks
     ]
-
-
-def bot_message(
-    args: dict[str, Any],
-    *,
-    ephemeral_to: str | None = None,
-    metadata: dict[str, Any] | None = None,
-) -> Message:
-    """A new message from the bot with the content of a call's (or an answer's) arguments:
-    ``channel``, ``text``, ``blocks``, ``thread_ts``; its ts is given when it is posted."""
-    return Message(
-        channel=str(args.get("channel") or people.CHANNEL_ID),
-        ts="",
-        text=str(args.get("text") or ""),
-        blocks=list(args.get("blocks") or []),
-        thread_ts=str(args["thread_ts"]) if args.get("thread_ts") else None,
-        user=people.BOT_USER_ID,
-        bot_id=people.BOT_ID,
-        metadata=metadata,
-        ephemeral_to=ephemeral_to,
-    )

@@ -1,5 +1,5 @@
 """The playground's workspace state in Redis: messages, threads, ephemeral messages, modals,
-uploaded files.
+uploaded files, status lines (the :class:`~playground.state.State` the Web API keeps).
 
 Everything lives under one key prefix (``{playground:playground}`` from the launcher) in Redis,
 so a restart of ``make run`` shows the same conversation. Messages are JSON in one hash,
@@ -11,10 +11,28 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+
+from .state import (
+    RESPONSE_URL_TTL_S,
+    RESPONSE_URL_USES,
+    TRIGGER_TTL_MS,
+    TRIGGER_USED,
+    Message,
+    SharedFile,
+    State,
+)
+
+__all__ = [
+    "RESPONSE_URL_TTL_S",
+    "RESPONSE_URL_USES",
+    "TRIGGER_TTL_MS",
+    "TRIGGER_USED",
+    "Message",
+    "Store",
+]
 
 # KEYS[1] = the last ts handed out. Returns a message ts from Redis' clock, in Slack's format
 # ("1764600000.000100"), strictly increasing even when two arrive in the same microsecond.
@@ -39,49 +57,11 @@ redis.call('SET', KEYS[1], cjson.encode(data), 'KEEPTTL')
 return raw
 """
 
-TRIGGER_TTL_MS = 3000  # Slack: a trigger_id opens a modal within 3 seconds, once
-TRIGGER_USED = "-"  # what a trigger's key holds once exchanged for a view
-RESPONSE_URL_TTL_S = 1800  # Slack: a response_url works for 30 minutes, 5 times
-RESPONSE_URL_USES = 5
 FILE_TTL_S = 3600  # a file announced but never shared is forgotten (Slack discards it)
 
 
-@dataclass
-class Message:
-    """A message as the playground stores it."""
-
-    channel: str
-    ts: str
-    text: str = ""
-    blocks: list[dict[str, Any]] = field(default_factory=list)
-    thread_ts: str | None = None
-    user: str = ""
-    bot_id: str | None = None
-    metadata: dict[str, Any] | None = None
-    updated: int = 0
-    # Set on an ephemeral message: the one person who sees it.
-    ephemeral_to: str | None = None
-    # The files it shares (files.completeUploadExternal), as the Web API shows them.
-    files: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def key(self) -> str:
-        return f"{self.channel}:{self.ts}"
-
-    @property
-    def is_reply(self) -> bool:
-        return self.thread_ts is not None and self.thread_ts != self.ts
-
-    def dump(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False)
-
-    @classmethod
-    def load(cls, raw: str) -> Message:
-        return cls(**json.loads(raw))
-
-
-class Store:
-    """Reads and writes the playground's state (see the module docstring)."""
+class Store(State):
+    """The playground's state in Redis (see the module docstring)."""
 
     def __init__(self, redis: aioredis.Redis, prefix: str = "playground") -> None:
         self.redis = redis
@@ -128,6 +108,9 @@ class Store:
     async def get(self, channel: str, ts: str) -> Message | None:
         raw = await self.redis.hget(self._msgs(), f"{channel}:{ts}")
         return Message.load(raw) if raw else None
+
+    async def has_messages(self, channel: str) -> bool:
+        return bool(await self.redis.exists(self._top(channel)))
 
     async def delete(self, msg: Message) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -266,16 +249,19 @@ class Store:
         await self.redis.hset(self._file(file_id), mapping={"data": encoded, "state": "uploaded"})
         return True
 
-    async def share_file(self, file_id: str, title: str) -> dict[str, str] | None:
-        """Mark an uploaded file shared (once): its name and title; None when it was never
-        uploaded, is unknown, or was shared already."""
+    async def share_file(
+        self, file_id: str, title: str, channel: str | None, thread_ts: str | None
+    ) -> SharedFile | None:
         found = await self.redis.hgetall(self._file(file_id))
         if found.get("state") != "uploaded":
             return None
         name = found.get("filename") or file_id
-        await self.redis.hset(self._file(file_id), mapping={"state": "shared", "title": title})
+        where = {"channel": channel or "", "thread_ts": thread_ts or ""}
+        await self.redis.hset(
+            self._file(file_id), mapping={"state": "shared", "title": title, **where}
+        )
         await self.redis.persist(self._file(file_id))
-        return {"name": name, "title": title or name, "size": str(len(self._data(found)))}
+        return SharedFile(name, title or name, len(self._data(found)))
 
     async def file_content(self, file_id: str) -> tuple[str, bytes] | None:
         """A shared file's name and bytes."""
@@ -287,6 +273,16 @@ class Store:
     @staticmethod
     def _data(found: dict[str, str]) -> bytes:
         return base64.b64decode(found.get("data") or "")
+
+    # ------------------------------------------------------------------ status lines
+    async def set_status(self, channel: str, thread_ts: str, status: str) -> None:
+        if status:
+            await self.redis.hset(f"{self.p}:status", f"{channel}:{thread_ts}", status)
+        else:
+            await self.redis.hdel(f"{self.p}:status", f"{channel}:{thread_ts}")
+
+    async def status(self, channel: str, thread_ts: str) -> str:
+        return str(await self.redis.hget(f"{self.p}:status", f"{channel}:{thread_ts}") or "")
 
     async def first_event(self, event_id: str) -> bool:
         return bool(await self.redis.set(f"{self.p}:event:{event_id}", "1", nx=True, ex=3600))

@@ -1,4 +1,4 @@
-"""Slack's wire rules, shared by the playground and the test double ``bot.testing.FakeSlack``.
+"""Slack's wire rules, shared by the playground's Web API and the tests' Slack client.
 
 What Slack accepts (Block Kit checked with ``slack_sdk``'s models, message metadata, the size
 limits), how it signs the requests it sends (``v0=`` HMAC-SHA256 of ``v0:{timestamp}:{body}``),

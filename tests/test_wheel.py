@@ -111,7 +111,10 @@ class Installed:
 
 
 def _run(cmd: list[str], cwd: Path, timeout: float) -> None:
-    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    # Without PYTHONPATH: with this checkout on it, pip would take the egg-info that the build
+    # leaves here for the installed package ("already satisfied") and install nothing.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{cmd[:4]} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
 
@@ -143,7 +146,9 @@ def test_the_distribution_holds_what_users_need(installed: Installed) -> None:
     for package in ("agent_core", "agent_mcp", "bot", "playground"):
         assert f"{package}/py.typed" in names
     assert {"bot/manifest.yml", "playground/static/index.html", "playground/static/app.js"} <= names
-    assert not any(n.startswith("tests/") for n in names)
+    # The one fake Slack Web API ships (the playground serves it); the tests' doubles do not.
+    assert {"playground/slack_api.py", "playground/state.py", "playground/workspace.py"} <= names
+    assert not any(n.startswith(("tests/", "bot/testing")) for n in names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert f"Version: {__version__}\n" in meta and "License-Expression: MIT\n" in meta
     assert "Provides-Extra: mcp\n" in meta and 'Requires-Dist: mcp>=2.3; extra == "mcp"' in meta
@@ -158,6 +163,7 @@ def test_the_distribution_holds_what_users_need(installed: Installed) -> None:
         "bot/manifest.yml",
         "slack/manifest.yml",
     } <= members
+    assert not any(n.startswith(("tests/", "bot/testing")) for n in members)
     print(f"\nbuild + venv + pip install: {installed.seconds:.1f} s")
 
 

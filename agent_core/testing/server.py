@@ -2,8 +2,9 @@
 
 :class:`ThreadedServer` runs its own event loop in a daemon thread and listens on a free
 port of 127.0.0.1 (or the ``host`` and ``port`` given), so in-process code and subprocesses
-alike can reach it. :class:`~agent_core.testing.FakeOpenAI` and the bot's ``FakeSlack`` are
-built on it; a subclass gives its routes in :meth:`ThreadedServer.make_app`.
+alike can reach it. :class:`~agent_core.testing.FakeOpenAI` and the tests' ``FakeSlack``
+(``tests/slack_fake``) are built on it; a subclass gives its routes in
+:meth:`ThreadedServer.make_app`.
 """
 
 from __future__ import annotations

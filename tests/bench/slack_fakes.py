@@ -1,7 +1,7 @@
 """``python -m tests.bench.slack_fakes GATES COMMANDS``: the fake Slack and fake OpenAI servers
 of the Slack latency benchmark, in a process of their own.
 
-They are :class:`bot.testing.FakeSlack` and :class:`agent_core.testing.FakeOpenAI`, unchanged
+They are :class:`tests.slack_fake.FakeSlack` and :class:`agent_core.testing.FakeOpenAI`, unchanged
 but for a timestamp and the garbage collector: the first ``chat.update`` that turns a gate card
 into its decided state is timed with ``time.monotonic()`` (the same clock in every process), to
 measure click → card updated; and what they keep is frozen every second (``_freeze_every``),
@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Any
 
 from agent_core.testing import FakeOpenAI, call, reply
-from bot.testing import FakeSlack
+from tests.slack_fake import FakeSlack, SlackCall
 
 DECIDED_PREFIXES = ("Approved:", "Denied:", "Expired:", "Cancelled:")
 
@@ -48,13 +48,13 @@ class TimedSlack(FakeSlack):
         self.decided_at: dict[str, float] = {}
         self._timing_lock = threading.Lock()
 
-    def _api_chat_update(self, args: dict[str, Any]) -> dict[str, Any]:
-        body = super()._api_chat_update(args)
-        if body.get("ok") and str(args.get("text") or "").startswith(DECIDED_PREFIXES):
-            key = f"{args.get('channel')}|{args.get('ts')}"
+    def _record(self, call: SlackCall) -> None:
+        super()._record(call)
+        text = str(call.args.get("text") or "")
+        if call.method == "chat.update" and call.ok and text.startswith(DECIDED_PREFIXES):
+            key = f"{call.args.get('channel')}|{call.args.get('ts')}"
             with self._timing_lock:
                 self.decided_at.setdefault(key, time.monotonic())
-        return body
 
     def stats(self) -> dict[str, Any]:
         calls = self.calls

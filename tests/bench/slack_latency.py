@@ -2,7 +2,7 @@
 
 Everything is real but Slack and the model: a private ``redis-server``, the ``web`` process
 (``python -m bot``) and ``worker`` process(es) (``python -m agent_core.worker``) as
-subprocesses, with :class:`bot.testing.FakeSlack` and :class:`agent_core.testing.FakeOpenAI`
+subprocesses, with :class:`tests.slack_fake.FakeSlack` and :class:`agent_core.testing.FakeOpenAI`
 in a process of their own (``tests.bench.slack_fakes``). This process is only the load
 generator: it sends signed requests to ``web`` exactly as Slack does, over loopback.
 
@@ -58,9 +58,9 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from agent_core import Keys
-from bot.testing import SlackClient, sign
 from tests.bench.slack_fakes import command_task, gate_task
 from tests.redis_server import RedisServer
+from tests.slack_fake import SlackClient, sign
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -832,7 +832,7 @@ async def bolt_ack_floor(n: int = 300) -> dict[str, tuple[float, float]]:
     from slack_bolt.request.async_request import AsyncBoltRequest
     from slack_sdk.web.async_client import AsyncWebClient
 
-    from bot.testing import FakeSlack
+    from tests.slack_fake import FakeSlack
 
     payload = {
         "type": "block_actions",
@@ -1198,7 +1198,7 @@ def write_markdown(runs: list[Results], command: str, out: Path, analysis: str) 
         "**Set-up:** one private `redis-server` (no persistence), one `web` process "
         f"(`python -m bot`, HTTP mode) and {cfg.workers} `worker` process(es) "
         "(`python -m agent_core.worker`, `WORKER_CONCURRENCY=16`), `LOG_LEVEL=WARNING`; "
-        "`bot.testing.FakeSlack` (Block Kit validation off) and `agent_core.testing.FakeOpenAI` "
+        "`tests.slack_fake.FakeSlack` (Block Kit validation off) and `agent_core.testing.FakeOpenAI` "
         "in one process of their own; this process sends the requests. All of them share the "
         "machine's CPUs, over loopback. Requests are signed and form-encoded exactly as Slack "
         "sends them; gates were opened by the real `/agent <task>` path (paced at "

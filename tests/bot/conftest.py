@@ -20,9 +20,9 @@ from agent_core import Gate, Gateway, Keys, Run, Settings
 from agent_core.testing import FakeOpenAI
 from bot.server import BotServer
 from bot.settings import BotSettings, load_settings
-from bot.testing import FakeSlack, SlackClient
 from tests.agents import ops
 from tests.core.harness import Harness
+from tests.slack_fake import FakeSlack, SlackClient
 
 SIGNING_SECRET = "test-signing-secret-not-real"
 APPROVER = "U0APPROVER"

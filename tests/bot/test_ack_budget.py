@@ -20,7 +20,6 @@ import redis.asyncio as aioredis
 from agent_core import GateStatus, RunStatus
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import actions, cards
-from bot.testing import FakeSlack
 from tests.bot.conftest import (
     APPROVER,
     CHANNEL,
@@ -30,6 +29,7 @@ from tests.bot.conftest import (
     wait_until,
 )
 from tests.redis_server import RedisServer
+from tests.slack_fake import FakeSlack
 
 PAUSE_MS = 3500
 NOT_YET = "has not been recorded yet: the approval service is not answering"

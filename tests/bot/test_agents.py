@@ -21,7 +21,6 @@ from agent_core.testing import FakeOpenAI, call, reply
 from agent_core.worker import Worker
 from bot.directory import AgentDirectory, AgentEntry
 from bot.server import BotServer
-from bot.testing import FakeSlack
 from tests.agents import ops
 from tests.bot.conftest import (
     CHANNEL,
@@ -33,6 +32,7 @@ from tests.bot.conftest import (
 )
 from tests.bot.test_conversations import ephemerals, send_event
 from tests.bot.test_mentions import BOT, mention
+from tests.slack_fake import FakeSlack
 
 Workers = Callable[..., Worker]
 

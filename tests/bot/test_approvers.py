@@ -11,8 +11,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 from agent_core import Gate, GateStatus
 from bot.app import make_web_client
 from bot.approvers import Approvers
-from bot.testing import FakeSlack
 from tests.bot.conftest import bot_settings
+from tests.slack_fake import FakeSlack
 
 
 @pytest.fixture

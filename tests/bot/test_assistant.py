@@ -21,9 +21,7 @@ from agent_core import Agent, Run
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import assistant, cards
 from bot.directory import AgentDirectory
-from bot.testing import FakeSlack
 from playground import people
-from playground.hub import Hub
 from playground.slack_api import WebApi
 from playground.store import Store as PlaygroundStore
 from tests.agents import ops
@@ -39,6 +37,7 @@ from tests.bot.conftest import (
 )
 from tests.bot.test_conversations import continued, ephemerals
 from tests.bot.test_mentions import dm, finished, runs_of
+from tests.slack_fake import FakeSlack
 
 BOT, BOT_ID = "U0BOT", "B0BOT"  # the fake Slack's bot user
 WAITING_AVERY = "is waiting for approval from @Avery"
@@ -352,7 +351,7 @@ async def test_fake_slack_answers_the_assistant_methods_as_slack_does(
 
 async def test_the_playground_accepts_the_assistant_methods(redis: Redis) -> None:
     store = PlaygroundStore(redis, prefix="pgtest")
-    api = WebApi(store, Hub(), "xoxb-pg")
+    api = WebApi(store, people.WORKSPACE, "xoxb-pg")
     posted = await api.call(
         "chat.postMessage", {"channel": people.CHANNEL_ID, "text": "root"}, "xoxb-pg"
     )
@@ -365,7 +364,7 @@ async def test_the_playground_accepts_the_assistant_methods(redis: Redis) -> Non
     assert await answer("assistant.threads.setStatus", **where, status="is working…") == {
         "ok": True
     }
-    assert api.statuses[(people.CHANNEL_ID, ts)] == "is working…"
+    assert await store.status(people.CHANNEL_ID, ts) == "is working…"
     prompts = [{"title": "a", "message": "b"}]
     assert (await answer("assistant.threads.setSuggestedPrompts", **where, prompts=prompts))["ok"]
     assert (await answer("assistant.threads.setTitle", **where, title="t"))["ok"]

@@ -11,8 +11,8 @@ from slack_bolt.async_app import AsyncApp
 
 from agent_core import Gateway, Keys
 from bot.app import create_app, make_web_client
-from bot.testing import FakeSlack
 from tests.bot.conftest import PREFIX, bot_settings
+from tests.slack_fake import FakeSlack
 
 UNUSED = "will be unused"
 

@@ -15,7 +15,8 @@ from slack_sdk.models.views import View
 
 from agent_core import Gate, GateStatus, Run, RunStatus
 from bot import answers, cards
-from bot.testing import MAX_BLOCKS_CHARS, _blocks_problem
+from tests.slack_fake import MAX_BLOCKS_CHARS
+from tests.slack_fake import blocks_problem as _blocks_problem
 
 GATE_ID = "AbCdEfGhIjKlMnOpQrStUvWx"
 ARGS_HASH = "ab" * 32

@@ -14,7 +14,6 @@ import aiohttp
 from agent_core import GateStatus, RunStatus
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import cards, conversations
-from bot.testing import HttpResult, sign
 from tests.bot.conftest import (
     APPROVER,
     APPROVER2,
@@ -25,6 +24,7 @@ from tests.bot.conftest import (
     journal_lines,
     wait_until,
 )
+from tests.slack_fake import HttpResult, sign
 
 _ids = itertools.count(1)
 

@@ -9,7 +9,7 @@ import pytest
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.testing import FakeSlack
+from tests.slack_fake import FakeSlack
 
 META = {"event_type": "approval_gate", "event_payload": {"gate_id": "g1"}}
 

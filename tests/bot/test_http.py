@@ -12,7 +12,6 @@ from redis.asyncio import Redis
 
 from agent_core import Gateway, Keys
 from bot.server import BotServer
-from bot.testing import FakeSlack, SlackCall, SlackClient, sign
 from tests.bot.conftest import (
     APPROVER,
     CHANNEL,
@@ -22,6 +21,7 @@ from tests.bot.conftest import (
     bot_settings,
     notifier_ready,
 )
+from tests.slack_fake import FakeSlack, SlackCall, SlackClient, sign
 
 
 async def get(url: str) -> tuple[int, str]:

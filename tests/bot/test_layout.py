@@ -23,7 +23,6 @@ from agent_core.presence import announce, presence_key
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import cards
 from bot.server import BotServer
-from bot.testing import FakeSlack
 from tests.agents import ops
 from tests.bot.conftest import (
     APPROVER,
@@ -38,6 +37,7 @@ from tests.bot.conftest import (
 from tests.bot.test_args_hash import button_values
 from tests.core.workers import REPO, worker_env
 from tests.old_layout import old_worker
+from tests.slack_fake import FakeSlack
 
 FIX = "stop every web and worker, run `python -m agent_core.migrate_layout`"
 

@@ -21,7 +21,6 @@ import pytest
 from agent_core import RunStatus, create_redis
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import cards, conversations
-from bot.testing import FakeSlack
 from tests.bot.conftest import (
     APPROVER,
     APPROVER2,
@@ -42,6 +41,7 @@ from tests.bot.test_conversations import (
 )
 from tests.bot.test_mentions import BOT, _ts, dm, finished, in_thread, mention, one_run, runs_of
 from tests.redis_server import RedisServer
+from tests.slack_fake import FakeSlack
 
 
 def twins(text: str, thread: str, user: str = REQUESTER) -> tuple[dict[str, Any], dict[str, Any]]:

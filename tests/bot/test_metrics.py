@@ -11,9 +11,9 @@ from slack_sdk.errors import SlackApiError
 
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import cards
-from bot.testing import FakeSlack
 from tests.bot.conftest import APPROVER, CHANNEL, SIGNING_SECRET, BotHarness, wait_until
 from tests.scrape import Samples, scrape
+from tests.slack_fake import FakeSlack
 
 POST = "chat.postMessage"
 

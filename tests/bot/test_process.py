@@ -16,8 +16,8 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_core import Gateway, Keys
-from bot.testing import FakeSlack, SlackClient
 from tests.bot.conftest import APPROVER, CHANNEL, PREFIX, REQUESTER, SIGNING_SECRET, wait_until
+from tests.slack_fake import FakeSlack, SlackClient
 
 ROOT = Path(__file__).resolve().parents[2]
 

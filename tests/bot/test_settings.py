@@ -11,7 +11,7 @@ import pytest
 
 from agent_core import ConfigError
 from bot.settings import PLAYGROUND_HINT, load_settings
-from bot.testing import FakeSlack
+from tests.slack_fake import FakeSlack
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET_TOKEN = "xoxb-SUPERSECRET-123"

@@ -20,7 +20,6 @@ import pytest
 from redis.asyncio import Redis
 
 from bot import cards
-from bot.testing import FakeSlack, SlackCall
 from tests.bot.conftest import (
     APPROVER,
     CHANNEL,
@@ -30,6 +29,7 @@ from tests.bot.conftest import (
 )
 from tests.fuzz.pool import GatePool, settle
 from tests.security.seen import button_value
+from tests.slack_fake import FakeSlack, SlackCall
 
 GRID = "E0GRID"
 TEAM = "T0TEST"  # the fake Slack's auth.test team: the app's workspace

@@ -9,8 +9,8 @@ from redis.asyncio import Redis
 
 from agent_core import Gateway, Keys
 from bot.server import BotServer
-from bot.testing import FakeSlack, SlackClient
 from tests.bot.conftest import CHANNEL, PREFIX, REQUESTER, bot_settings, wait_until
+from tests.slack_fake import FakeSlack, SlackClient
 
 
 async def test_socket_mode_serves_commands_and_actions(redis: Redis, fake_slack: FakeSlack) -> None:

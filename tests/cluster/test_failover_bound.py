@@ -31,13 +31,13 @@ from agent_core import Keys
 from agent_core.connections import connect_redis, eval_replicated
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import cards
-from bot.testing import FakeSlack, SlackClient, SlackMessage
 from tests import redis_cluster
 from tests.agents import read_journal
 from tests.bot.conftest import APPROVER, REQUESTER, SIGNING_SECRET
 from tests.core.workers import WorkerProcess, worker_env
 from tests.redis_cluster import ClusterServer, keys_in_slots
 from tests.security.webproc import start_web
+from tests.slack_fake import FakeSlack, SlackClient, SlackMessage
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -9,13 +9,13 @@ import pytest
 
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import cards
-from bot.testing import FakeSlack, SlackClient
 from tests import redis_cluster
 from tests.agents import read_journal
 from tests.bot.conftest import APPROVER, REQUESTER, SIGNING_SECRET
 from tests.core.workers import WorkerProcess, worker_env
 from tests.redis_cluster import ClusterServer
 from tests.security.webproc import start_web
+from tests.slack_fake import FakeSlack, SlackClient
 
 pytestmark = pytest.mark.timeout(120)
 

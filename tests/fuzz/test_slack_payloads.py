@@ -35,7 +35,6 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from bot import cards
-from bot.testing import FakeSlack
 from tests.bot.conftest import (
     APPROVER,
     APPROVER2,
@@ -47,6 +46,7 @@ from tests.bot.conftest import (
 )
 from tests.fuzz.pool import GatePool, settle
 from tests.security.seen import gate_buttons
+from tests.slack_fake import FakeSlack
 
 FUZZ = settings(
     max_examples=25,

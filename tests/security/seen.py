@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from bot import cards
-from bot.testing import FakeSlack, SlackMessage
+from tests.slack_fake import FakeSlack, SlackMessage
 
 
 def gate_buttons(

@@ -26,7 +26,6 @@ from agent_core.testing import FakeOpenAI, calls, reply
 from bot import cards
 from bot.publisher import TransientSlackError, card_metadata
 from bot.server import BotServer
-from bot.testing import FakeSlack, SlackCall, SlackClient
 from tests.bot.conftest import (
     APPROVER,
     CHANNEL,
@@ -41,6 +40,7 @@ from tests.fuzz.pool import GatePool
 from tests.redis_server import RedisServer
 from tests.security.seen import button_value, live_buttons
 from tests.security.webproc import WebProcess, age_pending_events, expire_locks, start_web
+from tests.slack_fake import FakeSlack, SlackCall, SlackClient
 
 
 # --------------------------------------------------------------------------- 1. ack, then crash

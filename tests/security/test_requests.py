@@ -27,7 +27,6 @@ from redis.asyncio import Redis
 from agent_core import Gate, GateStatus
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import cards
-from bot.testing import FakeSlack, HttpResult, SlackClient, sign
 from tests.bot.conftest import (
     APPROVER,
     APPROVER2,
@@ -41,6 +40,7 @@ from tests.bot.conftest import (
 )
 from tests.fuzz.pool import GatePool, settle
 from tests.security.seen import button_value
+from tests.slack_fake import FakeSlack, HttpResult, SlackClient, sign
 
 REQUESTER2 = "U0REQTWO"
 

@@ -35,10 +35,10 @@ import redis.asyncio as aioredis
 from agent_core.keys import Keys
 from agent_core.testing import FakeOpenAI, call, reply
 from bot import cards
-from bot.testing import FakeSlack, SlackClient
 from tests.bot.conftest import APPROVER, CHANNEL, REQUESTER, wait_until
 from tests.redis_server import RedisServer, free_port
 from tests.security.seen import button_value
+from tests.slack_fake import FakeSlack, SlackClient
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -23,11 +23,11 @@ from redis.asyncio import Redis
 
 from agent_core import Gateway, Keys, Run
 from bot import commands
-from bot.testing import FakeSlack, HttpResult, SlackClient
 from tests.bot.conftest import CHANNEL, REQUESTER, SIGNING_SECRET, BotHarness
 from tests.fuzz.pool import settle
 from tests.redis_server import RedisServer
 from tests.security.webproc import start_web
+from tests.slack_fake import FakeSlack, HttpResult, SlackClient
 
 PAUSE_MS = "30000"  # longer than any test waits: each one ends the pause itself
 

@@ -16,9 +16,9 @@ import aiohttp
 import pytest
 from redis.asyncio import Redis
 
-from bot.testing import HttpResult
 from tests.bot.conftest import REQUESTER, BotHarness, notifier_ready
 from tests.fuzz.pool import settle
+from tests.slack_fake import HttpResult
 
 FORM = "application/x-www-form-urlencoded"
 

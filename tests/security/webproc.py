@@ -15,9 +15,9 @@ import redis.asyncio as aioredis
 
 from agent_core import Keys
 from bot.notifier import GROUP
-from bot.testing import FakeSlack
 from tests.bot.conftest import APPROVER, SIGNING_SECRET, wait_until
 from tests.redis_server import free_port
+from tests.slack_fake import FakeSlack
 
 ROOT = Path(__file__).resolve().parents[2]
 

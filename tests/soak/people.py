@@ -27,7 +27,7 @@ from redis.asyncio import Redis
 from agent_core import Gateway, Keys
 from agent_core.testing import FakeOpenAI, Step, call, calls, reply
 from bot import cards
-from bot.testing import FakeSlack, HttpResult, SlackCall, SlackClient
+from tests.slack_fake import FakeSlack, HttpResult, SlackCall, SlackClient
 from tests.soak.config import (
     APPROVER,
     APPROVER2,

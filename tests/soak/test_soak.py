@@ -2,7 +2,7 @@
 
 Real processes: one ``web`` (``python -m bot``) and two ``worker`` (``python -m
 agent_core.worker``), a ``redis-server`` with its append-only file (``appendfsync always``),
-:class:`bot.testing.FakeSlack` and :class:`agent_core.testing.FakeOpenAI` (scripted per task)
+:class:`tests.slack_fake.FakeSlack` and :class:`agent_core.testing.FakeOpenAI` (scripted per task)
 in this process. The agent (``tests/soak/soak_agent.py``) has gated tools (one slow, one
 idempotent) and an un-gated one; each journals ``start``/``end`` with a unique op id.
 
@@ -109,9 +109,9 @@ from redis.asyncio.cluster import RedisCluster
 from agent_core import Gateway, Keys, create_redis
 from agent_core.connections import create_cluster
 from agent_core.testing import FakeOpenAI
-from bot.testing import SlackClient
 from tests.redis_cluster import ClusterServer
 from tests.redis_server import RedisServer, free_port
+from tests.slack_fake import SlackClient
 from tests.soak.bound import Armed, MasterKill
 from tests.soak.chaos import FAILOVERS, REDIS_RESTARTS, Chaos, Proc, in_thread
 from tests.soak.config import APPROVER, APPROVER2, AUDIT_GROUP, CLUSTER, REPO, SEED, redis_failed
