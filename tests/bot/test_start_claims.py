@@ -25,7 +25,6 @@ from agent_core import Gateway, Keys, create_redis
 from bot import mentions
 from bot.conversations import MESSAGE_NS
 from bot.store import Store
-from bot.testing import FakeSlack, SlackClient
 from tests.bot.conftest import (
     CHANNEL,
     PREFIX,
@@ -37,6 +36,7 @@ from tests.bot.conftest import (
 )
 from tests.bot.test_mentions import mention
 from tests.security.webproc import start_web
+from tests.slack_fake import FakeSlack, SlackClient
 from tests.tcp_proxy import TcpProxy
 
 
