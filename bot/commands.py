@@ -237,7 +237,12 @@ class Commands:
             return
         channel = str(resp.get("channel") or channel)
         ts = str(resp["ts"])
-        origin = {"channel": channel, "thread_ts": ts, "team": str(body.get("team_id") or "")}
+        origin = {
+            "channel": channel,
+            "thread_ts": ts,
+            "root_ts": ts,  # the thread starts with our own root message
+            "team": str(body.get("team_id") or ""),
+        }
         progress.committing = True
         try:
             # Keyed by the trigger id: a client retry after a lost reply starts no second run.

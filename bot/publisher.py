@@ -451,10 +451,12 @@ class Publisher:
             return str(h["parent"])
         run = Run.from_hash(h)
         rec = run_record(rec_h)
-        # Only the root message recorded as the bot's: a run's thread may start with the
-        # person's own message (a mention, a DM), which is not ours to update. The one who
-        # records the root message shows the run on it right after.
-        channel, ts = rec.channel, rec.ts
+        # Only the bot's own root message: the recorded one, else the one `/agent` posted
+        # before starting the run (origin's root_ts; its web process may have died before
+        # recording it). A mention's or DM's thread starts with the person's own message,
+        # which is not ours to update: its root message is shown once recorded.
+        channel = rec.channel or _opt_str(run.origin.get("channel"))
+        ts = rec.ts or _opt_str(run.origin.get("root_ts"))
         if not channel or not ts:
             return None
         # A finished run names its calls that never ran (one more read, once it finished).

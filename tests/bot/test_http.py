@@ -152,7 +152,12 @@ async def test_slash_command_starts_a_run_in_a_thread(bot: BotHarness) -> None:
     assert "check the <prod> disk" in runs, "Slack's HTML escaping is undone for the agent"
     root = bot.fake.message(run.origin["channel"], run.origin["thread_ts"])
     assert root is not None and root.thread_ts is None
-    assert run.origin == {"channel": CHANNEL, "thread_ts": root.ts, "team": "T0TEST"}
+    assert run.origin == {
+        "channel": CHANNEL,
+        "thread_ts": root.ts,
+        "root_ts": root.ts,
+        "team": "T0TEST",
+    }
     assert "Task started by <@U0REQ>" in root.text
     await bot.fake.wait_for(lambda f: f.shows(root.channel, root.ts, run_id))
     assert "check disk usage" in str(root.blocks)

@@ -19,7 +19,6 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agent_core import Gateway, scripts
 from agent_core.runner import Runner
-from bot.store import Store
 from tests.agents import ops
 from tests.bot.conftest import APPROVER, APPROVER2, CHANNEL, GROUP_MEMBER, REQUESTER, BotHarness
 
@@ -77,15 +76,17 @@ class GatePool:
             self.slack is not None and self.threaded
         ):  # a root message, as /agent posts it, for the run's updates
             thread_ts = str((await self.slack.chat_postMessage(channel=CHANNEL, text="task"))["ts"])
+        # As /agent's: the thread starts with the bot's own root message (not recorded here,
+        # as when web dies before recording it: the notifier updates it all the same).
         origin = (
-            {"channel": CHANNEL, "thread_ts": thread_ts} if self.threaded else {"channel": CHANNEL}
+            {"channel": CHANNEL, "thread_ts": thread_ts, "root_ts": thread_ts}
+            if self.threaded
+            else {"channel": CHANNEL}
         )
         run = await gw.start_run(
             f"fuzz {secrets.token_hex(4)}", requested_by=REQUESTER, origin=origin
         )
         k = gw.keys
-        if self.slack is not None and self.threaded:  # recorded as /agent records it
-            await Store(self.redis, k).save_run_root(run.run_id, CHANNEL, thread_ts)
         await self.redis.hset(
             k.run(run.run_id), mapping={"status": "running", "turn": 1, "phase": "tools"}
         )
