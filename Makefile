@@ -145,7 +145,8 @@ soak-cluster: install redis-check
 	  --basetemp=$(SOAK_CLUSTER_BASETEMP) tests/soak/test_soak.py $(PYTEST_ARGS)
 
 # ------------------------------------------------------------------------ run
-# Starts web + worker with honcho. Without REDIS_URL, starts (or reuses) a local append-only
+# Starts web + worker with honcho (which sets PORT for each process from its base port, 5000
+# unless told: -p keeps web on PORT, default 3000). Without REDIS_URL, starts (or reuses) a local append-only
 # redis-server on 127.0.0.1:$(RUN_REDIS_PORT); `make stop-redis` stops it. Without
 # SLACK_BOT_TOKEN, starts the local Slack playground instead (python -m playground: a fake
 # Slack in the browser, which starts web + worker pointed at itself).
@@ -176,8 +177,8 @@ run: redis-check $(RUN_STAMP)
 	  echo "make run: installing honcho (runs web and worker from the Procfile) into $(VENV)"; \
 	  $(VPY) -m pip install -q 'honcho>=2.0'; \
 	fi; \
-	echo "make run: starting web and worker (honcho start -f Procfile)"; \
-	exec $(VENV)/bin/honcho start -f Procfile
+	echo "make run: starting web and worker (honcho start -f Procfile, web on PORT $${PORT:-3000})"; \
+	exec $(VENV)/bin/honcho start -f Procfile -p "$${PORT:-3000}"
 
 # Moves a deployment's keys from the old layout ({prefix:N} hash tags) to the new one: web and
 # worker refuse to start until it has run. Stop every web and worker first. Reads REDIS_URL,
