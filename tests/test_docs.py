@@ -348,3 +348,27 @@ def test_output_block_is_what_the_command_prints(block: Fenced, tmp_path: Path) 
         timeout=60,
     )
     assert (proc.stdout + proc.stderr).strip() == block.code.strip(), block.where
+
+
+# --------------------------------------------------------------------------- configuration
+def test_the_configuration_reference_is_generated_from_the_settings() -> None:
+    """docs/operations/configuration.md's tables come from the settings' own descriptions:
+    every variable, with the text of its error line and --help, and its default."""
+    from agent_core.settings import HELP as CORE
+    from bot.settings import HELP as SLACK
+
+    spec = importlib.util.spec_from_file_location(
+        "settings_reference", ROOT / "docs" / "hooks" / "settings_reference.py"
+    )
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = (ROOT / "docs" / "operations" / "configuration.md").read_text(encoding="utf-8")
+    rendered = hook.on_page_markdown(page)
+    assert "<!-- settings:" not in rendered
+    for var, text in {**CORE, **SLACK}.items():
+        assert f"| `{var}` |" in rendered and text.replace("|", "\\|") in rendered, var
+    assert "| `SHARDS` | `16` |" in rendered and "| `REDIS_URL` | required |" in rendered
+    assert "| `OPENAI_API_KEY` | unset (required by `agent-worker`) |" in rendered
+    with pytest.raises(ValueError, match="unknown settings marker"):
+        hook.on_page_markdown("<!-- settings: nonsense -->")

@@ -27,10 +27,10 @@ MARKER = re.compile(r"<!-- settings: (\w+) -->")
 
 def _default(model: type[BaseModel], field: FieldInfo, required_by: type[BaseModel] | None) -> str:
     name = next(n for n, f in model.model_fields.items() if f is field)
-    if required_by is not None and required_by.model_fields[name].is_required():
-        return "unset (required by `agent-worker`)"
     if field.is_required() or (field.default is None and field.validate_default):
         return "required"
+    if required_by is not None and required_by.model_fields[name].is_required():
+        return "unset (required by `agent-worker`)"
     value: Any = field.default
     if value is None:
         return "unset"
