@@ -8,7 +8,7 @@ import sys
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -20,61 +20,6 @@ if TYPE_CHECKING:
 DEFAULT_AGENT = "agent_core.examples.ops:agent"
 _AGENT_PATH = r"^[\w.]+:[\w.]+$"
 
-# What each variable is for and, for those you must set, where to get it: the second half of
-# its line in a ConfigError. Never a value: secrets must not reach logs.
-HELP: dict[str, str] = {
-    "REDIS_URL": (
-        "the Redis every process shares, e.g. redis://127.0.0.1:6379/0 (or rediss://, unix://)"
-    ),
-    "KEY_PREFIX": "the prefix of every Redis key: letters, digits, _ . -",
-    "SHARDS": (
-        "how many shards runs are spread over, 1 to 1296; fixed for a deployment (every "
-        "process must agree, and run and gate ids encode it)"
-    ),
-    "DECISION_REPLICAS": (
-        "the replicas a decision must reach (WAIT) before the click is acknowledged, and a "
-        "tool call's claim before the tool starts; 0 on a Redis without replicas, 1 or more "
-        "with replicas (a failover then loses no decision and runs no call twice)"
-    ),
-    "REDIS_CLUSTER": (
-        "true to use redis-py's Redis Cluster client; unset detects a cluster at start"
-    ),
-    "REDIS_FAILOVER_WINDOW": (
-        "the seconds a Redis Cluster command is retried while a master fails over, "
-        "at least 0; above cluster-node-timeout + 2 s"
-    ),
-    "OPENAI_API_KEY": (
-        "the key of your model server: an OpenAI key from "
-        "https://platform.openai.com/api-keys, or any non-empty value for a local server "
-        "such as Ollama or vLLM (with OPENAI_BASE_URL)"
-    ),
-    "OPENAI_BASE_URL": "the Chat Completions endpoint; unset means OpenAI",
-    "OPENAI_MODEL": "the model of agents that name none",
-    "OPENAI_MAX_RETRIES": "the retries of one model call, 0 to 50",
-    "OPENAI_RETRY_BUDGET": "the seconds one model call may spend retrying in all",
-    "OPENAI_TIMEOUT": "the seconds one model request may take",
-    "AGENT": (
-        "the agent to run, as package.module:attribute, importable by the worker and web processes"
-    ),
-    "AGENTS": (
-        "the agents to run, comma-separated package.module:attribute paths (the first is the "
-        "default); instead of AGENT"
-    ),
-    "APPROVAL_TIMEOUT": "the seconds before a pending approval expires",
-    "MAX_TURNS": "the model turns after which a run is failed, 1 to 1000",
-    "WORKER_CONCURRENCY": "the jobs one worker advances at once, 1 to 1000",
-    "WORKER_LEASE": "the seconds a worker's lease on a run lasts, at least 0.5",
-    "JOB_MAX_DELIVERIES": "the deliveries before a job is dead-lettered, at least 1",
-    "SWEEP_INTERVAL": "the longest wait of the expiry sweeper, in seconds, up to 60",
-    "RUN_RETENTION": "the seconds a finished run is kept; 0 keeps it forever",
-    "EVENTS_MAXLEN": "the backstop length of the events stream, at least 1000",
-    "MAX_CALLS_PER_TURN": "the tool calls one model turn may make, 1 to 1000",
-    "STUCK_RUN_AFTER": "the seconds without progress before a stuck run is repaired",
-    "LOG_LEVEL": "the level of the logs",
-    "METRICS_PORT": "the port of the worker's GET /metrics (Prometheus); 0 serves none",
-    "METRICS_HOST": "the address the worker's /metrics listens on",
-}
-
 
 class Settings(BaseSettings):
     """Settings of the core (the worker, and the parts of the bot that talk to the core)."""
@@ -84,34 +29,212 @@ class Settings(BaseSettings):
         case_sensitive=False, extra="ignore", env_ignore_empty=True, allow_inf_nan=False
     )
 
-    redis_url: str = Field(validation_alias="REDIS_URL")
-    key_prefix: str = Field("agw", validation_alias="KEY_PREFIX", pattern=r"^[A-Za-z0-9_.-]+$")
-    shards: int = Field(16, validation_alias="SHARDS", ge=1, le=1296)
-    redis_cluster: bool | None = Field(None, validation_alias="REDIS_CLUSTER")
-    redis_failover_window: float = Field(10.0, validation_alias="REDIS_FAILOVER_WINDOW", ge=0)
-    decision_replicas: int = Field(0, validation_alias="DECISION_REPLICAS", ge=0, le=10)
-    openai_api_key: SecretStr | None = Field(None, validation_alias="OPENAI_API_KEY")
-    openai_base_url: str | None = Field(None, validation_alias="OPENAI_BASE_URL")
-    openai_model: str = Field("gpt-4o-mini", validation_alias="OPENAI_MODEL", min_length=1)
-    openai_max_retries: int = Field(10, validation_alias="OPENAI_MAX_RETRIES", ge=0, le=50)
-    openai_retry_budget: float = Field(120.0, validation_alias="OPENAI_RETRY_BUDGET", ge=0)
-    openai_timeout: float = Field(120.0, validation_alias="OPENAI_TIMEOUT", gt=0)
-    agent: str = Field(DEFAULT_AGENT, validation_alias="AGENT", pattern=_AGENT_PATH)
-    agents_spec: str | None = Field(None, validation_alias="AGENTS")
+    # Each Field's description is what the variable is for and, for those you must set, where
+    # to get it: the one text of its configuration error line, of `--help` and of the
+    # documentation's configuration reference (HELP, below). Never a value: secrets must not
+    # reach logs.
+    redis_url: str = Field(
+        validation_alias="REDIS_URL",
+        description=(
+            "the Redis every process shares, e.g. redis://127.0.0.1:6379/0 (or rediss://, unix://)"
+        ),
+    )
+    key_prefix: str = Field(
+        "agw",
+        validation_alias="KEY_PREFIX",
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description=(
+            "the prefix of every Redis key (and of each shard's hash tag): letters, digits, _ . -"
+        ),
+    )
+    shards: int = Field(
+        16,
+        validation_alias="SHARDS",
+        ge=1,
+        le=1296,
+        description=(
+            "how many shards runs are spread over, 1 to 1296; fixed for a deployment (every "
+            "process must agree, and run and gate ids encode it)"
+        ),
+    )
+    redis_cluster: bool | None = Field(
+        None,
+        validation_alias="REDIS_CLUSTER",
+        description="true to use redis-py's Redis Cluster client; unset detects a cluster at start",
+    )
+    redis_failover_window: float = Field(
+        10.0,
+        validation_alias="REDIS_FAILOVER_WINDOW",
+        ge=0,
+        description=(
+            "the seconds a Redis Cluster command is retried while a master fails over, "
+            "at least 0; above cluster-node-timeout + 2 s"
+        ),
+    )
+    decision_replicas: int = Field(
+        0,
+        validation_alias="DECISION_REPLICAS",
+        ge=0,
+        le=10,
+        description=(
+            "the replicas a decision must reach (WAIT) before the click is acknowledged, and a "
+            "tool call's claim before the tool starts; 0 on a Redis without replicas, 1 or more "
+            "with replicas (a failover then loses no decision and runs no call twice)"
+        ),
+    )
+    openai_api_key: SecretStr | None = Field(
+        None,
+        validation_alias="OPENAI_API_KEY",
+        description=(
+            "the key of your model server: an OpenAI key from "
+            "https://platform.openai.com/api-keys, or any non-empty value for a local server "
+            "such as Ollama or vLLM (with OPENAI_BASE_URL)"
+        ),
+    )
+    openai_base_url: str | None = Field(
+        None,
+        validation_alias="OPENAI_BASE_URL",
+        description=(
+            "the Chat Completions endpoint (Ollama, vLLM, LiteLLM, …); unset means OpenAI"
+        ),
+    )
+    openai_model: str = Field(
+        "gpt-4o-mini",
+        validation_alias="OPENAI_MODEL",
+        min_length=1,
+        description="the model of agents that name none",
+    )
+    openai_max_retries: int = Field(
+        10,
+        validation_alias="OPENAI_MAX_RETRIES",
+        ge=0,
+        le=50,
+        description=(
+            "the retries of one model call, 0 to 50 (on a 429 that is not out of quota, a 5xx, "
+            "a timeout, a connection error; never on another 4xx)"
+        ),
+    )
+    openai_retry_budget: float = Field(
+        120.0,
+        validation_alias="OPENAI_RETRY_BUDGET",
+        ge=0,
+        description=(
+            "the seconds one model call may spend retrying in all; past it the run fails, retryable"
+        ),
+    )
+    openai_timeout: float = Field(
+        120.0,
+        validation_alias="OPENAI_TIMEOUT",
+        gt=0,
+        description="the seconds one model request may take",
+    )
+    agent: str = Field(
+        DEFAULT_AGENT,
+        validation_alias="AGENT",
+        pattern=_AGENT_PATH,
+        description=(
+            "the agent to run, as package.module:attribute, importable by the worker and web "
+            "processes"
+        ),
+    )
+    agents_spec: str | None = Field(
+        None,
+        validation_alias="AGENTS",
+        description=(
+            "the agents to run, comma-separated package.module:attribute paths (the first is "
+            "the default); instead of AGENT"
+        ),
+    )
     """AGENTS as set; :attr:`agents` is the parsed list."""
-    approval_timeout: float = Field(300.0, validation_alias="APPROVAL_TIMEOUT", gt=0)
-    max_turns: int = Field(30, validation_alias="MAX_TURNS", ge=1, le=1000)
-    worker_concurrency: int = Field(16, validation_alias="WORKER_CONCURRENCY", ge=1, le=1000)
-    worker_lease: float = Field(5.0, validation_alias="WORKER_LEASE", ge=0.5)
-    job_max_deliveries: int = Field(5, validation_alias="JOB_MAX_DELIVERIES", ge=1)
-    sweep_interval: float = Field(1.0, validation_alias="SWEEP_INTERVAL", gt=0, le=60)
-    run_retention: float = Field(7 * 86400, validation_alias="RUN_RETENTION", ge=0)
-    events_maxlen: int = Field(1_000_000, validation_alias="EVENTS_MAXLEN", ge=1000)
-    max_calls_per_turn: int = Field(64, validation_alias="MAX_CALLS_PER_TURN", ge=1, le=1000)
-    stuck_run_after: float = Field(120.0, validation_alias="STUCK_RUN_AFTER", gt=0)
-    log_level: str = Field("INFO", validation_alias="LOG_LEVEL")
-    metrics_port: int = Field(0, validation_alias="METRICS_PORT", ge=0, le=65535)
-    metrics_host: str = Field("127.0.0.1", validation_alias="METRICS_HOST", min_length=1)
+    approval_timeout: float = Field(
+        300.0,
+        validation_alias="APPROVAL_TIMEOUT",
+        gt=0,
+        description="the seconds before a pending approval expires (an agent may set its own)",
+    )
+    max_turns: int = Field(
+        30,
+        validation_alias="MAX_TURNS",
+        ge=1,
+        le=1000,
+        description="the model turns after which a run is failed, 1 to 1000",
+    )
+    worker_concurrency: int = Field(
+        16,
+        validation_alias="WORKER_CONCURRENCY",
+        ge=1,
+        le=1000,
+        description="the jobs one worker advances at once, 1 to 1000",
+    )
+    worker_lease: float = Field(
+        5.0,
+        validation_alias="WORKER_LEASE",
+        ge=0.5,
+        description=(
+            "the seconds a worker's lease on a run lasts, at least 0.5 (renewed every third of "
+            "it; a silent worker's runs are taken over after about 1.25 times this)"
+        ),
+    )
+    job_max_deliveries: int = Field(
+        5,
+        validation_alias="JOB_MAX_DELIVERIES",
+        ge=1,
+        description=("the deliveries before a job is dead-lettered and its run failed, at least 1"),
+    )
+    sweep_interval: float = Field(
+        1.0,
+        validation_alias="SWEEP_INTERVAL",
+        gt=0,
+        le=60,
+        description="the longest wait of the expiry sweeper, in seconds, up to 60",
+    )
+    run_retention: float = Field(
+        7 * 86400,
+        validation_alias="RUN_RETENTION",
+        ge=0,
+        description="the seconds a finished run is kept; 0 keeps it forever",
+    )
+    events_maxlen: int = Field(
+        1_000_000,
+        validation_alias="EVENTS_MAXLEN",
+        ge=1000,
+        description=(
+            "the backstop length of the events stream, at least 1000 (events are trimmed once "
+            "every consumer group has read them)"
+        ),
+    )
+    max_calls_per_turn: int = Field(
+        64,
+        validation_alias="MAX_CALLS_PER_TURN",
+        ge=1,
+        le=1000,
+        description="the tool calls one model turn may make, 1 to 1000",
+    )
+    stuck_run_after: float = Field(
+        120.0,
+        validation_alias="STUCK_RUN_AFTER",
+        gt=0,
+        description="the seconds without progress before a stuck run is repaired",
+    )
+    log_level: str = Field(
+        "INFO", validation_alias="LOG_LEVEL", description="the level of the logs"
+    )
+    metrics_port: int = Field(
+        0,
+        validation_alias="METRICS_PORT",
+        ge=0,
+        le=65535,
+        description=(
+            "the port of the worker's GET /metrics (Prometheus); 0 serves none (web serves it "
+            "on PORT)"
+        ),
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        validation_alias="METRICS_HOST",
+        min_length=1,
+        description="the address the worker's /metrics listens on",
+    )
 
     @field_validator("redis_url")
     @classmethod
@@ -171,6 +294,21 @@ class Settings(BaseSettings):
         """The worker needs an API key (any non-empty string for Ollama or vLLM)."""
         if self.openai_api_key is None or not self.openai_api_key.get_secret_value():
             raise ConfigError(not_set("OPENAI_API_KEY"))
+
+
+def help_texts(model: type[BaseModel]) -> dict[str, str]:
+    """Each environment variable ``model`` reads and its Field's description, in field order:
+    the text of its configuration error line, of ``--help`` and of the documentation."""
+    texts: dict[str, str] = {}
+    for name, field in model.model_fields.items():
+        alias = field.validation_alias
+        var = alias if isinstance(alias, str) else name.upper()
+        if field.description:
+            texts[var] = field.description
+    return texts
+
+
+HELP: dict[str, str] = help_texts(Settings)
 
 
 BOTH_AGENT_VARIABLES = (

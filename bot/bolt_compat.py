@@ -23,6 +23,14 @@ behaviour it answers. What Bolt does, and why the app does not let it:
   answer came ~10 ms late. The app runs with ``process_before_response=True`` and returns
   from each listener at its ``ack()``: that is :mod:`bot.acking`, a design of its own rather
   than a patch, kept in its module.
+- **Its default assistant thread context store loses a change.** It keeps a thread's context
+  in the metadata of the app's first reply in the thread (``conversations.replies``, then
+  ``chat.update`` on every change), so an ``assistant_thread_context_changed`` that comes
+  before that reply is lost. :mod:`bot.assistant` gives Bolt a store of its own in Redis
+  (``ThreadStore``), which also records who opened each thread.
+- **Its matchers raise on a payload of the wrong shape even after** :func:`malformed_payload`:
+  :mod:`bot.server` also answers 400 to the KeyError, TypeError, AttributeError or ValueError
+  that ``async_dispatch`` raises, a second line behind the check above.
 """
 
 from __future__ import annotations

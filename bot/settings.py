@@ -15,34 +15,9 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent_core.exceptions import ConfigError
-from agent_core.settings import config_problems
+from agent_core.settings import config_problems, help_texts
 
 _ID = re.compile(r"^[UWS][A-Z0-9]{2,}$")
-
-# What each variable is for and, for those you must set, where to get it (see
-# agent_core.settings.HELP); a ConfigError line never carries a value.
-HELP: dict[str, str] = {
-    "SLACK_BOT_TOKEN": "the bot token (xoxb-…) from your Slack app's OAuth & Permissions page",
-    "SLACK_SIGNING_SECRET": (
-        "the signing secret from your Slack app's Basic Information page, under App "
-        "Credentials (not needed in Socket Mode, with SLACK_APP_TOKEN)"
-    ),
-    "SLACK_APP_TOKEN": (
-        "the app-level token (xapp-…) for Socket Mode, from your Slack app's Basic "
-        "Information page, under App-Level Tokens"
-    ),
-    "SLACK_API_URL": "the Slack Web API base URL",
-    "APPROVERS": "who may approve: user IDs (U…), user-group IDs (S…) and/or *, comma-separated",
-    "ALLOW_SELF_APPROVAL": "whether a call's requesters (the run's starter, whoever spoke in its thread) may approve it: true or false",
-    "ALLOW_EXTERNAL_APPROVERS": (
-        "whether, with APPROVERS=*, people of other workspaces may decide: true or false"
-    ),
-    "SLASH_COMMAND": "the slash command of your Slack app's manifest",
-    "PORT": "the HTTP port of the web process",
-    "WEB_HOST": "the address the web process listens on: an IP address, e.g. 127.0.0.1",
-    "SLACK_MAX_RETRIES": "the retries of a rate-limited Web API call, 0 to 10",
-    "NOTIFIER_CONCURRENCY": "the Slack threads the notifier updates side by side, 1 to 64",
-}
 
 # The last line of a ConfigError in which a Slack credential is missing.
 PLAYGROUND_HINT = (
@@ -62,21 +37,72 @@ class BotSettings(BaseSettings):
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore")
 
-    slack_bot_token: SecretStr
+    # Each Field's description is what the variable is for and, for those you must set, where
+    # to get it: the text of its configuration error line, of `agent-web --help` and of the
+    # documentation (see agent_core.settings.HELP); a ConfigError line never carries a value.
+    slack_bot_token: SecretStr = Field(
+        description="the bot token (xoxb-…) from your Slack app's OAuth & Permissions page"
+    )
     # Before the signing secret: its check reads whether Socket Mode is on.
-    slack_app_token: SecretStr | None = None
-    slack_signing_secret: SecretStr | None = Field(default=None, validate_default=True)
-    slack_api_url: str = "https://slack.com/api/"
-    approvers: str = ""
-    allow_self_approval: bool = False
-    # With APPROVERS=*, may people from other workspaces (Slack Connect) approve or deny?
-    allow_external_approvers: bool = False
-    slash_command: str = "/agent"
-    port: int = Field(default=3000, ge=1, le=65535)
+    slack_app_token: SecretStr | None = Field(
+        default=None,
+        description=(
+            "the app-level token (xapp-…) for Socket Mode, from your Slack app's Basic "
+            "Information page, under App-Level Tokens"
+        ),
+    )
+    slack_signing_secret: SecretStr | None = Field(
+        default=None,
+        validate_default=True,
+        description=(
+            "the signing secret from your Slack app's Basic Information page, under App "
+            "Credentials (not needed in Socket Mode, with SLACK_APP_TOKEN)"
+        ),
+    )
+    slack_api_url: str = Field(
+        default="https://slack.com/api/", description="the Slack Web API base URL"
+    )
+    approvers: str = Field(
+        default="",
+        description=(
+            "who may approve: user IDs (U…), user-group IDs (S…) and/or *, comma-separated"
+        ),
+    )
+    allow_self_approval: bool = Field(
+        default=False,
+        description=(
+            "whether a call's requesters (the run's starter, whoever spoke in its thread) may "
+            "approve it: true or false"
+        ),
+    )
+    allow_external_approvers: bool = Field(
+        default=False,
+        description=(
+            "whether, with APPROVERS=*, people of other workspaces may decide: true or false"
+        ),
+    )
+    slash_command: str = Field(
+        default="/agent", description="the slash command of your Slack app's manifest"
+    )
+    port: int = Field(default=3000, ge=1, le=65535, description="the HTTP port of the web process")
     # Where /slack/events, /healthz and /metrics listen (the playground sets 127.0.0.1).
-    web_host: str = Field(default="0.0.0.0", min_length=1)
-    slack_max_retries: int = Field(default=3, ge=0, le=10)
-    notifier_concurrency: int = Field(default=1, ge=1, le=64)
+    web_host: str = Field(
+        default="0.0.0.0",
+        min_length=1,
+        description="the address the web process listens on: an IP address, e.g. 127.0.0.1",
+    )
+    slack_max_retries: int = Field(
+        default=3,
+        ge=0,
+        le=10,
+        description="the retries of a rate-limited Web API call, 0 to 10",
+    )
+    notifier_concurrency: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="the Slack threads the notifier updates side by side, 1 to 64",
+    )
 
     @field_validator("slack_bot_token")
     @classmethod
@@ -143,6 +169,9 @@ class BotSettings(BaseSettings):
     @property
     def socket_mode(self) -> bool:
         return self.slack_app_token is not None
+
+
+HELP: dict[str, str] = help_texts(BotSettings)
 
 
 def parse_approvers(spec: str) -> list[str]:

@@ -45,8 +45,9 @@ cluster_server = redis_cluster.cluster_server
 
 TRIALS = 5
 RUNS_PER_TRIAL = 12
-# The documented bound (README, "Guarantees and failures"). A failover takes 2-3 s here (a
-# 1 s node timeout): 15 s leaves room for a loaded machine, none for a 30 s stall.
+# The documented bound (docs/guarantees.md, docs/operations/redis-cluster.md). A failover
+# takes 2-3 s here (a 1 s node timeout): 15 s leaves room for a loaded machine, none for a
+# 30 s stall.
 BOUND_SECONDS = 15.0
 # How long a command on a master that stays up may be held up: the cluster refuses every
 # command (CLUSTERDOWN) from the moment the master is marked failed until its replica is

@@ -75,7 +75,7 @@ def test_every_problem_at_once_one_line_each(monkeypatch: pytest.MonkeyPatch) ->
         "WORKER_LEASE is invalid",
     ]
     assert "platform.openai.com/api-keys" in lines[1] and "Ollama" in lines[1]
-    assert lines[3].endswith("— the seconds a worker's lease on a run lasts, at least 0.5")
+    assert "— the seconds a worker's lease on a run lasts, at least 0.5" in lines[3]
     assert SECRET not in str(info.value)
 
 

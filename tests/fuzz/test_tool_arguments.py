@@ -1,6 +1,6 @@
 """Fuzzing tool-argument validation: ``Tool.validate`` on whatever a model may send.
 
-The contract (README, "Writing an agent"): the model's arguments are validated before
+The contract (docs/agents/tools.md): the model's arguments are validated before
 anything else; invalid JSON, a missing field, a wrong type or an unknown field is a
 :class:`ToolArgumentsError` (sent back to the model), and valid arguments come back as a dict
 that the tool accepts. The cases hypothesis does not reach by chance (huge numbers, deep

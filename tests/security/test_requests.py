@@ -320,7 +320,8 @@ async def test_deny_form_submitted_by_users_who_may_not_deny(
         if "not on the approver list" in c.args["text"]
     ]
     assert len(told) == 4
-    # The requester may deny their own call (README: "may always deny them").
+    # The requester may deny their own call (docs/getting-started/using-slack.md: "The
+    # starter may always deny their run's calls").
     await bot.client.view_submission(cards.DENY_CALLBACK, meta, values=values, user_id=REQUESTER)
     await settle(bot)
     assert (await gate_state(bot, gate.gate_id)).status is GateStatus.DENIED
