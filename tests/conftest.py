@@ -112,3 +112,15 @@ def fail_on_fake_openai_errors(errors: list[str]) -> None:
             f"FakeOpenAI saw {len(errors)} unexpected request(s):\n" + "\n---\n".join(errors),
             pytrace=False,
         )
+
+
+# --------------------------------------------------------------------------- reports
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Captured output with lone surrogates (the fuzz tests send ``\\ud800``, and Bolt logs
+    the callback ids it has no listener for) is escaped, so that the report can be sent as
+    UTF-8 (pytest-xdist's workers send every report to the controller)."""
+    report.sections = [
+        (name, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for name, text in report.sections
+    ]
