@@ -143,6 +143,9 @@ def test_the_distribution_holds_what_users_need(installed: Installed) -> None:
     for package in ("agent_core", "agent_mcp", "bot", "playground"):
         assert f"{package}/py.typed" in names
     assert {"bot/manifest.yml", "playground/static/index.html", "playground/static/app.js"} <= names
+    # Every Lua script and include (read with importlib.resources) is package data.
+    lua = {str(p.relative_to(ROOT)) for p in ROOT.glob("*/lua/**/*.lua")}
+    assert {"agent_core/lua/include/lease.lua", "bot/lua/lock_and_read.lua"} <= lua <= names
     assert not any(n.startswith("tests/") for n in names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert f"Version: {__version__}\n" in meta and "License-Expression: MIT\n" in meta
@@ -157,6 +160,7 @@ def test_the_distribution_holds_what_users_need(installed: Installed) -> None:
         "pyproject.toml",
         "bot/manifest.yml",
         "slack/manifest.yml",
+        *lua,
     } <= members
     print(f"\nbuild + venv + pip install: {installed.seconds:.1f} s")
 
