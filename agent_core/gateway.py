@@ -17,15 +17,14 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from . import reopen_scripts, scripts
-from .children import parent_keys
 from .completions import clean_text
-from .connections import eval_replicated
 from .events import EventConsumer
 from .exceptions import ArgsHashMismatch, ChildRunSettled, GateNotFound, InvalidState, RunNotFound
 from .keys import Keys
 from .models import ContinueOutcome, DecideResult, Decision, Gate, GateStatus, Run, RunStatus
 from .placement import ShardPicker
+from .script_replies import ContinueReply, DecideOutcome, RepairOutcome, RetryOutcome
+from .scripts import Scripts
 from .settings import Settings
 from .stopping import MAX_REASON_CHARS, Stopper, new_attempt
 from .streams import stream_groups
@@ -51,11 +50,6 @@ _ENTERED_BY = {
 }
 # Longest single XREAD BLOCK of Gateway.wait: well under the client's socket timeout.
 _WAIT_BLOCK_MS = 1000
-
-
-def pairs(flat: list[str]) -> dict[str, str]:
-    """A hash returned by a script as a flat [field, value, ...] list, as a dict."""
-    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def valid_gate_id(gate_id: str, keys: Keys | None = None) -> bool:
@@ -99,11 +93,7 @@ class Gateway:
         self.decision_replicas = decision_replicas
         self.decision_wait_ms = decision_wait_ms
         self._owns_redis = False  # True when from_settings made the client: aclose() closes it
-        self._decide = redis.register_script(scripts.DECIDE_GATE)
-        self._repair = redis.register_script(scripts.REPAIR_RUN)
-        self._start = redis.register_script(scripts.START_RUN)
-        self._retry = redis.register_script(reopen_scripts.RETRY_RUN)
-        self._continue = redis.register_script(reopen_scripts.CONTINUE_RUN)
+        self.scripts = Scripts(redis, self.keys)
         self._check_cursor = (0, 0)
         self.placement = ShardPicker(redis, self.keys)
         self.stopper = Stopper(redis, self.keys)
@@ -183,7 +173,6 @@ class Gateway:
         run_id = k.new_run_id(
             k.shard_for(idempotency_key) if idempotency_key else self.placement.pick()
         )
-        shard = k.shard_of(run_id)
         now = time.time()
         fields = {
             "run_id": run_id,
@@ -199,27 +188,17 @@ class Gateway:
             "created_at": f"{now:.6f}",
             "updated_at": f"{now:.6f}",
         }
-        got = await self._start(
-            keys=[
-                k.start_key(idempotency_key) if idempotency_key else k.run(run_id),
-                k.run(run_id),
-                k.history(run_id),
-                k.user_runs(requested_by, shard),
-                k.active(shard),
-                k.jobs(shard),
-                k.authors(run_id),
-            ],
-            args=[
-                "1" if idempotency_key else "0",
-                run_id,
-                json.dumps({"role": "user", "content": task}),
-                f"{now:.6f}",
-                IDEMPOTENCY_TTL_SECONDS,
-                *(x for kv in fields.items() for x in kv),
-            ],
+        got = await self.scripts.start_run(
+            run_id,
+            idempotency_key=idempotency_key,
+            requested_by=requested_by,
+            first_message=json.dumps({"role": "user", "content": task}),
+            now=f"{now:.6f}",
+            ttl=IDEMPOTENCY_TTL_SECONDS,
+            fields=fields,
         )
         if got != run_id:
-            existing = await self.get_run(str(got))
+            existing = await self.get_run(got)
             if existing is not None:
                 return existing
         return Run.from_hash(fields)
@@ -366,36 +345,23 @@ class Gateway:
             raise ValueError("dedupe_key must be 1 to 200 characters")
         if not valid_run_id(run_id, self.keys):
             raise RunNotFound(f"no run {run_id[:40]!r}")
-        k = self.keys
-        shard = k.shard_of(run_id)
         wire = json.dumps({"role": "user", "content": message})
-        keys = [
-            k.run(run_id),
-            k.history(run_id),
-            k.authors(run_id),
-            k.run_inbox(run_id),
-            k.jobs(shard),
-            k.active(shard),
-            k.finished(shard),
-            k.events(shard),
-            k.user_runs(by, shard),
-        ]
-        args: list[Any] = [
-            run_id,
-            wire,
-            by,
-            f"{time.time():.6f}",
-            json.dumps({"by": by, "message": wire}),
-        ]
+        dedupe = None
         if dedupe_key is not None:
-            keys.append(k.seen_key(dedupe_key, shard))
-            args += [secrets.token_hex(8), IDEMPOTENCY_TTL_SECONDS]
-        res = await self._continue(keys=keys, args=args)
-        if res == "missing":
+            dedupe = (dedupe_key, secrets.token_hex(8), IDEMPOTENCY_TTL_SECONDS)
+        res = await self.scripts.continue_run(
+            run_id,
+            by=by,
+            message=wire,
+            now=f"{time.time():.6f}",
+            entry=json.dumps({"by": by, "message": wire}),
+            dedupe=dedupe,
+        )
+        if res is ContinueReply.MISSING:
             raise RunNotFound(f"no run {run_id!r}")
-        if res == "cancelled":
+        if res is ContinueReply.CANCELLED:
             raise InvalidState(f"run {run_id} was cancelled; a cancelled run does not continue")
-        return ContinueOutcome(res)
+        return ContinueOutcome(res.value)
 
     async def cancel_run(
         self, run_id: str, by: str, reason: str | None = None, *, attempt: str | None = None
@@ -432,45 +398,30 @@ class Gateway:
             raise RunNotFound(f"no run {run_id!r}")
         if not by:
             raise ValueError("by is required")
-        k = self.keys
-        shard = k.shard_of(run_id)
         # A run's parent never changes: the script only checks these were read right.
-        parent, parent_turn = await self.redis.hmget(k.run(run_id), ["parent", "parent_turn"])
-        family = {"parent": parent or "", "parent_turn": parent_turn or "0"}
-        res = await self._retry(
-            keys=[
-                k.run(run_id),
-                k.finished(shard),
-                k.active(shard),
-                k.jobs(shard),
-                k.events(shard),
-                *parent_keys(k, run_id, family)[:2],
-            ],
-            args=[
-                run_id,
-                by,
-                f"{time.time():.6f}",
-                family["parent"],
-                family["parent_turn"],
-                _attempt(attempt),
-            ],
+        parent, parent_turn = await self.redis.hmget(
+            self.keys.run(run_id), ["parent", "parent_turn"]
         )
-        if res == "missing":
+        family = {"parent": parent or "", "parent_turn": parent_turn or "0"}
+        res = await self.scripts.retry_run(
+            run_id, family, by=by, now=f"{time.time():.6f}", attempt=_attempt(attempt)
+        )
+        if res is RetryOutcome.MISSING:
             raise RunNotFound(f"no run {run_id!r}")
-        if res == "not_failed":
+        if res is RetryOutcome.NOT_FAILED:
             run = await self.get_run(run_id)
             status = run.status.value if run else "gone"
             raise InvalidState(f"run {run_id} is {status}; only a failed run can be retried")
-        if res == "parent_moved_on":
+        if res is RetryOutcome.PARENT_MOVED_ON:
             top = await self.top_run_id(run_id)
             raise ChildRunSettled(
                 f"run {run_id} is a sub-agent's run and its parent has already been told it "
                 f"failed; retry the top run {top} instead",
                 top_run=top,
             )
-        if res == "not_retryable":
+        if res is RetryOutcome.NOT_RETRYABLE:
             raise InvalidState(f"run {run_id} failed in a way a retry cannot fix (see its error)")
-        if res != "queued":
+        if res is not RetryOutcome.QUEUED:
             raise InvalidState(f"run {run_id} changed while it was being retried; try again")
         run = await self.get_run(run_id)
         assert run is not None
@@ -643,63 +594,60 @@ class Gateway:
         if not valid_gate_id(gate_id, self.keys):
             raise GateNotFound(f"no gate {gate_id[:40]!r}")
         k = self.keys
-        shard = k.shard_of(gate_id)
         if run_id is None:
             run_id = await self.redis.hget(k.gate(gate_id), "run_id")
-        if run_id is None or not valid_run_id(run_id, k) or k.shard_of(run_id) != shard:
+        if (
+            run_id is None
+            or not valid_run_id(run_id, k)
+            or k.shard_of(run_id) != k.shard_of(gate_id)
+        ):
             raise GateNotFound(f"no gate {gate_id!r}")
-        keys = [k.gate(gate_id), k.run(run_id), k.deadlines(shard), k.jobs(shard), k.events(shard)]
-        args = [
-            gate_id,
-            status,
-            by,
-            clean_text(reason or "")[:MAX_REASON_CHARS],
+        decision = {
+            "by": by,
+            "reason": clean_text(reason or "")[:MAX_REASON_CHARS],
             # Made once: a decision whose reply was lost, tried again, is told it decided.
-            secrets.token_hex(8),
-            run_id,
-            seen_hash,
-        ]
+            "attempt": secrets.token_hex(8),
+            "seen_hash": seen_hash,
+        }
         if self.decision_replicas > 0:
-            res = await self._decide_replicated(keys, args)
+            res, replicas = await self.scripts.decide_gate_replicated(
+                gate_id,
+                run_id,
+                status,
+                **decision,
+                replicas=self.decision_replicas,
+                wait_ms=self.decision_wait_ms,
+            )
+            if res.outcome is DecideOutcome.APPLIED and replicas < self.decision_replicas:
+                log.error(
+                    "gate %s: the decision reached %s of %s replicas within %s ms; a failover "
+                    "now could lose it",
+                    gate_id,
+                    replicas,
+                    self.decision_replicas,
+                    self.decision_wait_ms,
+                )
         else:
-            res = await self._decide(keys=keys, args=args)
-        if res[0] == "missing":
+            res = await self.scripts.decide_gate(gate_id, run_id, status, **decision)
+        if res.outcome is DecideOutcome.MISSING:
             raise GateNotFound(f"no gate {gate_id!r}")
-        if res[0] == "mismatch":
+        if res.outcome is DecideOutcome.MISMATCH:
             raise ArgsHashMismatch(
                 f"gate {gate_id}: the arguments hash {seen_hash[:12]!r} is not this request's; "
                 "nothing was decided"
             )
-        if res[0] == "not_due":
+        if res.outcome is DecideOutcome.NOT_DUE:
             raise InvalidState(f"gate {gate_id} is not due yet")
-        result = DecideResult(applied=res[0] == "applied", gate=Gate.from_hash(pairs(res[1])))
+        assert res.gate is not None
+        result = DecideResult(
+            applied=res.outcome is DecideOutcome.APPLIED, gate=Gate.from_hash(res.gate)
+        )
         if result.applied:
             from . import metrics  # on first use: `import agent_core` loads no prometheus_client
 
             g = result.gate
             metrics.gate_decided(g.status.value, g.created_at, g.decided_at)
         return result
-
-    async def _decide_replicated(self, keys: list[str], args: list[str]) -> Any:
-        """DECIDE, then WAIT for ``decision_replicas`` (see :func:`eval_replicated`)."""
-        res, replicas = await eval_replicated(
-            self.redis,
-            scripts.DECIDE_GATE,
-            keys,
-            args,
-            self.decision_replicas,
-            self.decision_wait_ms,
-        )
-        if res and res[0] == "applied" and replicas < self.decision_replicas:
-            log.error(
-                "gate %s: the decision reached %s of %s replicas within %s ms; a failover "
-                "now could lose it",
-                args[0],
-                replicas,
-                self.decision_replicas,
-                self.decision_wait_ms,
-            )
-        return res
 
     async def due_gates(
         self, limit: int = 100, shards: Iterable[int] | None = None
@@ -795,19 +743,10 @@ class Gateway:
         for run_id in suspects:
             for _ in range(3):
                 gate_ids = sorted(await self.redis.smembers(k.run_gates(run_id)))
-                res = await self._repair(
-                    keys=[
-                        k.run(run_id),
-                        k.jobs(shard),
-                        k.run_gates(run_id),
-                        k.active(shard),
-                        *(k.gate(g) for g in gate_ids),
-                    ],
-                    args=[stuck_after, run_id, *gate_ids],
-                )
-                if res != "retry":
+                res = await self.scripts.repair_run(run_id, stuck_after, gate_ids, shard=shard)
+                if res is not RepairOutcome.RETRY:
                     break
-            if res == "repaired":
+            if res is RepairOutcome.REPAIRED:
                 repaired.append(run_id)
         return repaired
 

@@ -12,13 +12,12 @@ import json
 import logging
 from typing import Any
 
-from redis.commands.core import AsyncScript
-
 from .agent import Agent
 from .approvers import RULE_PREFIX, ApprovalRequest, consult
 from .completions import clean_text
-from .keys import Keys
 from .models import requesters_of
+from .script_replies import GateToOpen, OpenOutcome
+from .scripts import Scripts
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +29,7 @@ def args_hash(args: dict[str, Any]) -> str:
 
 
 async def open_gates(
-    script: AsyncScript,
-    keys: Keys,
+    scripts: Scripts,
     agent: Agent,
     run: dict[str, str],
     turn: int,
@@ -40,7 +38,7 @@ async def open_gates(
     indexes: list[int] | None = None,
     *,
     timeout: float,
-) -> str:
+) -> OpenOutcome:
     """Open one gate per call; the script's answer (``ok``: the run paused, ``decided``: the
     rules decided every call, ``lost``, ``stopped``, ``stale``). ``indexes``: each call's
     position among the turn's calls (default: its position in ``calls``), by which gates
@@ -55,8 +53,7 @@ async def open_gates(
     path = origin.get("path") if nested else None
     if not isinstance(path, list):
         path = [agent.name]
-    args: list[Any] = [fence, turn]
-    gate_keys: list[str] = []
+    gates: list[GateToOpen] = []
     by_rule = 0
     for index, call in zip(indexes or range(len(calls)), calls, strict=True):
         t = agent.get_tool(call["name"])
@@ -138,26 +135,14 @@ async def open_gates(
             by_rule += 1
             log.info("run %s: %s %s by approver rule %s", run_id, t.name, status, name)
         # The script appends created_at and deadline and closes the object.
-        args += [gid, str(timeout), json.dumps(fields), json.dumps(event)[:-1], decided]
-        gate_keys.append(keys.gate(gid))
-    shard = keys.shard_of(run_id)
-    res = str(
-        await script(
-            keys=[
-                keys.run(run_id),
-                keys.turn(run_id, turn),
-                keys.deadlines(shard),
-                keys.events(shard),
-                keys.run_gates(run_id),
-                *gate_keys,
-            ],
-            args=args,
+        gates.append(
+            GateToOpen(gid, str(timeout), json.dumps(fields), json.dumps(event)[:-1], decided)
         )
-    )
-    if res in ("ok", "decided"):
+    res = await scripts.open_gates(run_id, turn, fence, gates)
+    if res in (OpenOutcome.OK, OpenOutcome.DECIDED):
         from . import metrics  # on first use: `import agent_core` loads no prometheus_client
 
         metrics.GATES_OPENED.inc(len(calls) - by_rule)
-    if res == "stale":
+    if res is OpenOutcome.STALE:
         log.warning("run %s: turn %s changed under this worker; gates not reopened", run_id, turn)
     return res

@@ -36,47 +36,11 @@ from collections.abc import Callable
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from .keys import Keys
+from .scripts import Scripts
+
 CHUNK = 500  # members or pending entries per command
 STREAM_CHUNK = 100  # stream entries per script call (an event can be a few kB)
-
-# KEYS: 1 the new stream, 2 its merge record (hash: old entry id -> new entry id).
-# ARGV: per entry: its old id, its field count n (names and values), then those n strings.
-# Returns: how many entries were appended. Entries the record or the stream already holds
-# (the same id, the same fields) are skipped, so running it twice appends nothing more.
-MERGE_STREAM = """
-local stream, record = KEYS[1], KEYS[2]
-local entries = {}
-local i = 1
-while i <= #ARGV do
-  local n = tonumber(ARGV[i + 1])
-  if not n or n < 2 or n % 2 ~= 0 or i + 1 + n > #ARGV then
-    return redis.error_reply('ERR MERGE_STREAM: malformed entry at ARGV ' .. i)
-  end
-  local fields = {}
-  for j = 1, n do fields[j] = ARGV[i + 1 + j] end
-  entries[#entries + 1] = {ARGV[i], fields}
-  i = i + 2 + n
-end
-local function same(a, b)
-  if #a ~= #b then return false end
-  for j = 1, #a do
-    if a[j] ~= b[j] then return false end
-  end
-  return true
-end
-local added = 0
-for _, entry in ipairs(entries) do
-  local old_id, fields = entry[1], entry[2]
-  if redis.call('HEXISTS', record, old_id) == 0 then
-    local there = redis.call('XRANGE', stream, old_id, old_id)
-    if not (there[1] and same(there[1][2], fields)) then
-      redis.call('HSET', record, old_id, redis.call('XADD', stream, '*', unpack(fields)))
-      added = added + 1
-    end
-  end
-end
-return added
-"""
 
 MERGEABLE = ("stream", "set", "zset")
 
@@ -190,7 +154,7 @@ async def _unhandled(redis: Redis, stream: str) -> Callable[[str], bool]:
 
 async def _merge_stream(redis: Redis, old: str, new: str, record: str) -> None:
     keep = await _unhandled(redis, old)
-    append = redis.register_script(MERGE_STREAM)
+    scripts = Scripts(redis, Keys())
     start = "-"
     while True:
         entries = await redis.xrange(old, start, "+", count=STREAM_CHUNK)
@@ -200,7 +164,7 @@ async def _merge_stream(redis: Redis, old: str, new: str, record: str) -> None:
                 flat = [x for kv in fields.items() for x in kv]
                 args += [entry_id, str(len(flat)), *flat]
         if args:
-            await append(keys=[new, record], args=args)
+            await scripts.merge_stream(new, record, args)
         if len(entries) < STREAM_CHUNK:
             break
         start = "(" + entries[-1][0]

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from .keys import Keys
+from .script_replies import WorkerRecords
+from .scripts import Scripts
 from .streams import is_cluster
 
 if TYPE_CHECKING:
@@ -41,53 +43,6 @@ SCAN_CALLS = 20  # SCAN calls at most per look (a bounded look, not an exhaustiv
 _NS = "presence"
 _ID = "workers"
 _PATTERN = "{*}:ext:" + _NS + ":" + _ID
-
-# KEYS[1] the presence hash. ARGV[1] the worker's name, ARGV[2] its record (JSON, without
-# times), ARGV[3] STALE_AFTER. Writes the record with seen_at (now) and started_at (kept from
-# the worker's previous record), removes stale or unreadable records, and sets the hash to
-# expire once the slowest live worker is overdue. Returns now.
-_ANNOUNCE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local ok, rec = pcall(cjson.decode, ARGV[2])
-if not ok or type(rec) ~= 'table' or type(rec.every) ~= 'number' then
-  return redis.error_reply('ERR invalid presence record')
-end
-local stale = tonumber(ARGV[3])
-rec.started_at = now
-local old = redis.call('HGET', KEYS[1], ARGV[1])
-if old then
-  local ok2, prev = pcall(cjson.decode, old)
-  if ok2 and type(prev) == 'table' and type(prev.started_at) == 'number' then
-    rec.started_at = prev.started_at
-  end
-end
-rec.seen_at = now
-redis.call('HSET', KEYS[1], ARGV[1], cjson.encode(rec))
-local longest = rec.every
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local ok3, r = pcall(cjson.decode, all[i + 1])
-  if not ok3 or type(r) ~= 'table' or type(r.seen_at) ~= 'number'
-      or type(r.every) ~= 'number' or now - r.seen_at > stale * r.every then
-    redis.call('HDEL', KEYS[1], all[i])
-  elseif r.every > longest then
-    longest = r.every
-  end
-end
-redis.call('PEXPIRE', KEYS[1], math.ceil((stale * longest + 1) * 1000))
-return tostring(now)
-"""
-
-# KEYS[1] the presence hash. Returns {now, field, value, field, value, …}: the records and
-# the clock they are compared with, read together.
-_READ = """
-local t = redis.call('TIME')
-local out = {tostring(tonumber(t[1]) + tonumber(t[2]) / 1000000)}
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all do out[#out + 1] = all[i] end
-return out
-"""
 
 
 def presence_key(keys: Keys) -> str:
@@ -203,7 +158,7 @@ async def announce(
     announcing never stops a worker."""
     record = json.dumps({"agents": sorted(agents), "shards": keys.shards, "every": float(every)})
     try:
-        await redis.eval(_ANNOUNCE, 1, presence_key(keys), name, record, STALE_AFTER)
+        await Scripts(redis, keys).announce_worker(presence_key(keys), name, record, STALE_AFTER)
     except Exception as exc:
         log.warning("presence: could not announce worker %s (%s)", name, type(exc).__name__)
         return False
@@ -231,20 +186,17 @@ async def withdraw(redis: Redis, keys: Keys, name: str) -> None:
 
 async def live_workers(redis: Redis, keys: Keys) -> list[WorkerPresence]:
     """The workers alive under ``keys``' prefix (stale and unreadable records skipped)."""
-    return _parse(await redis.eval(_READ, 1, presence_key(keys)))
+    return _parse(await Scripts(redis, keys).read_workers(presence_key(keys)))
 
 
-def _parse(reply: Sequence[Any]) -> list[WorkerPresence]:
-    def text(x: Any) -> str:
-        return x.decode() if isinstance(x, bytes) else str(x)
-
-    now = float(text(reply[0]))
+def _parse(read: WorkerRecords) -> list[WorkerPresence]:
+    now = float(read.now)
     found: list[WorkerPresence] = []
-    for i in range(1, len(reply) - 1, 2):
+    for name, record in read.records:
         try:
-            r = json.loads(text(reply[i + 1]))
+            r = json.loads(record)
             w = WorkerPresence(
-                name=text(reply[i]),
+                name=name,
                 agents=tuple(str(a) for a in r["agents"]),
                 shards=int(r["shards"]),
                 every=float(r["every"]),

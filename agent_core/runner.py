@@ -22,7 +22,7 @@ import openai
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from . import children, gating, messages, model_calls, provider_errors, scripts, turns
+from . import children, gating, messages, model_calls, provider_errors, turns
 from .agent import Agent, AgentTool
 from .completions import (
     Completion,
@@ -30,12 +30,22 @@ from .completions import (
     ToolCall,
     clean_text,
 )
-from .connections import eval_replicated
 from .exceptions import LeaseLost
-from .gateway import pairs
 from .gating import args_hash
 from .keys import Keys
 from .models import Gate, GateStatus
+from .script_replies import (
+    Began,
+    Claim,
+    ClaimOutcome,
+    CompleteOutcome,
+    ModelRead,
+    OpenOutcome,
+    SettleOutcome,
+    SpawnOutcome,
+    WaitOutcome,
+)
+from .scripts import Scripts
 from .stopping import Stopper, new_attempt
 from .tools import Tool
 
@@ -51,10 +61,6 @@ def _now() -> str:
 
 # What _execute returns for a call that started a child run: its result comes later.
 SPAWNED = "\x00spawned"
-
-
-def _lost(reply: Any) -> bool:
-    return reply == "lost" or (isinstance(reply, list) and reply[:1] == ["lost"])
 
 
 class Runner:
@@ -96,16 +102,7 @@ class Runner:
         self.max_depth = max_depth
         self.claim_replicas = claim_replicas
         self.claim_wait_ms = claim_wait_ms
-        self._read_for_model = redis.register_script(scripts.READ_FOR_MODEL)
-        self._begin = redis.register_script(scripts.BEGIN_RUN)
-        self._record = redis.register_script(scripts.RECORD_TURN)
-        self._claim = redis.register_script(scripts.CLAIM_CALL)
-        self._complete = redis.register_script(scripts.COMPLETE_CALL)
-        self._settle_script = redis.register_script(scripts.SETTLE_CALL)
-        self._open = redis.register_script(scripts.OPEN_GATES)
-        self._finish = redis.register_script(scripts.FINISH_TURN)
-        self._spawn_script = redis.register_script(children.SPAWN_CHILD)
-        self._wait_children = redis.register_script(children.WAIT_CHILDREN)
+        self.scripts = Scripts(redis, keys)
         self.stopper = Stopper(redis, keys)
         # The runners of the other agents this worker serves, by agent name: a job names a
         # run, and the run names its agent.
@@ -135,7 +132,7 @@ class Runner:
         run_id: str,
         fence: str,
         lost: asyncio.Event | None = None,
-        began: list[Any] | None = None,
+        began: Began | None = None,
     ) -> None:
         """Take the run as far as it goes without a human; return when paused or finished.
 
@@ -145,21 +142,16 @@ class Runner:
         ``began``: BEGIN_RUN's reply when the caller took it with the lease (ACQUIRE_LEASE),
         followed by the hash of the turn a resume job resumes when ACQUIRE_LEASE read it.
         """
-        k = self.keys
         if began is None:
-            began = await self._begin(
-                keys=[k.run(run_id), k.events(k.shard_of(run_id))],
-                args=[fence, self.agent.name, _now()],
-            )
-        if began[0] == "":
+            began = await self.scripts.begin_run(run_id, fence, self.agent.name, _now())
+        if began.status == "":
             log.warning("job for unknown run %s ignored", run_id)
             return
-        if began[0] == "lost":
+        if began.status == "lost":
             raise LeaseLost(run_id)
-        if began[0] != "running":
+        if began.status != "running" or began.run is None:
             return
-        run = pairs(began[1])
-        turn_hash = pairs(began[2]) if len(began) > 2 and began[2] else None
+        run, turn_hash = began.run, began.turn
         if run.get("parent") and await self._orphaned(run, fence):
             return
         name = run.get("agent") or self.agent.name  # none named: this worker's first agent
@@ -186,7 +178,7 @@ class Runner:
         ``turn_hash``: the run's current turn, read with the lease (a resume job's turn)."""
         # Each step's script hands back the run as it left it: no re-read between steps. A
         # turn's last step also hands over what the next model call reads (``read``).
-        read: list[list[str]] = []
+        read: list[ModelRead] = []
         while run is not None and run.get("status") == "running":
             phase, turn = run.get("phase"), int(run.get("turn") or 0)
             if phase == "model":
@@ -228,7 +220,7 @@ class Runner:
         turn: int,
         fence: str,
         lost: asyncio.Event | None = None,
-        read: list[str] | None = None,
+        read: ModelRead | None = None,
     ) -> dict[str, str] | None:
         run_id = run["run_id"]
         k = self.keys
@@ -246,15 +238,12 @@ class Runner:
         # on a stale history. (Its writes would be refused anyway.)
         # Messages queued while the run worked join the history here, under the lease.
         if read is None:
-            read = await self._read_for_model(
-                keys=[k.run(run_id), k.history(run_id), k.authors(run_id), k.run_inbox(run_id)],
-                args=[fence],
-            )
-        cur_fence, until, cur_turn, phase, _, *raw = read
-        if cur_fence != fence or float(until or 0) <= 0:  # taken over, or released
+            read = await self.scripts.read_for_model(run_id, fence)
+        if read.fence != fence or read.lease_until <= 0:  # taken over, or released
             raise LeaseLost(run_id)
-        if cur_turn != str(turn) or phase != "model":
+        if read.turn != str(turn) or read.phase != "model":
             return None  # cancelled meanwhile
+        raw = read.history
         request = self.request_body(raw)
         try:
             completion = await self._complete_model(request, run_id, lost)
@@ -291,31 +280,20 @@ class Runner:
                 "origin": json.loads(run.get("origin") or "{}"),
             }
         )
-        after = await self._record(
-            keys=[
-                k.run(run_id),
-                k.history(run_id),
-                k.turn(run_id, turn + 1),
-                k.events(k.shard_of(run_id)),
-                k.finished(k.shard_of(run_id)),
-                k.active(k.shard_of(run_id)),
-                k.run_inbox(run_id),
-                *(children.parent_keys(k, run_id, run) if run.get("parent") else ()),
-            ],
-            args=[
-                fence,
-                turn,
-                json.dumps(assistant),
-                "tools" if calls else "done",
-                final,
-                completed,
-                _now(),
-                *fields,
-            ],
+        after = await self.scripts.record_turn(
+            run,
+            turn,
+            fence,
+            assistant=json.dumps(assistant),
+            done=not calls,
+            final=final,
+            completed=completed,
+            now=_now(),
+            fields=fields,
         )
-        if _lost(after):
+        if after.lost:
             raise LeaseLost(run_id)
-        return pairs(after) if after else None
+        return after.run
 
     def request_body(self, history: list[str]) -> bytes:
         """The Chat Completions request for a history given as stored (each message's JSON)."""
@@ -395,7 +373,7 @@ class Runner:
         run: dict[str, str],
         turn: int,
         fence: str,
-        read: list[list[str]] | None = None,
+        read: list[ModelRead] | None = None,
         th: dict[str, str] | None = None,
     ) -> dict[str, str] | None:
         run_id = run["run_id"]
@@ -446,44 +424,34 @@ class Runner:
             opened = await self._open_gates(
                 run, turn, [c for _, c in to_gate], fence, [i for i, _ in to_gate]
             )
-            if opened == "decided":  # approver rules decided every one: no pause
+            if opened is OpenOutcome.DECIDED:  # approver rules decided every one: no pause
                 return await self._tools_turn(run, turn, fence, read)
             return None
         if waiting:
-            res = await self._wait_children(
-                keys=[k.run(run_id), k.turn(run_id, turn)], args=[fence, turn, _now()]
-            )
-            if res == "lost":
+            res = await self.scripts.wait_children(run_id, turn, fence, _now())
+            if res is WaitOutcome.LOST:
                 raise LeaseLost(run_id)
-            if res == "orphaned":  # left by a failure, the run continued since
+            if res is WaitOutcome.ORPHANED:  # left by a failure, the run continued since
                 for c in await self.stopper.cancel_orphans(run_id, turn):
                     lost_text = messages.sub_agent_lost(c["name"])
                     if await self._settle(run, turn, c, lost_text, fence) is None:
                         return None
                 return await self._tools_turn(run, turn, fence, read)
-            if res == "go":  # every child answered meanwhile: their results are in
+            if res is WaitOutcome.GO:  # every child answered meanwhile: their results are in
                 return await self._tools_turn(run, turn, fence, read)
             return None  # the last child to finish enqueues the resume job
-        after = await self._finish(
-            keys=[k.run(run_id), k.history(run_id), k.authors(run_id), k.run_inbox(run_id)],
-            args=[
-                fence,
-                turn,
-                _now(),
-                *(
-                    json.dumps({"role": "tool", "tool_call_id": c, "content": results[c]})
-                    for c in order
-                ),
-            ],
+        after = await self.scripts.finish_turn(
+            run_id,
+            turn,
+            fence,
+            _now(),
+            [json.dumps({"role": "tool", "tool_call_id": c, "content": results[c]}) for c in order],
         )
-        if _lost(after):
+        if after.lost:
             raise LeaseLost(run_id)
-        if isinstance(after, list) and after[:1] == ["read"]:
-            n = int(after[1])
-            if read is not None:
-                read.append(after[2 + n :])
-            after = after[2 : 2 + n]
-        return pairs(after) if after else None
+        if after.read is not None and read is not None:
+            read.append(after.read)
+        return after.run
 
     async def _apply_gate(
         self, run: dict[str, str], turn: int, call: dict[str, Any], t: Tool, fence: str
@@ -519,13 +487,10 @@ class Runner:
     ) -> str | None:
         """Record the result of a call that did not run; None when the run stopped."""
         run_id = run["run_id"]
-        res = await self._settle_script(
-            keys=[self.keys.run(run_id), self.keys.turn(run_id, turn)],
-            args=[fence, turn, call["id"], clean_text(text)],
-        )
-        if res == "lost":
+        res = await self.scripts.settle_call(run_id, turn, fence, call["id"], clean_text(text))
+        if res is SettleOutcome.LOST:
             raise LeaseLost(run_id)
-        return text if res == "ok" else None
+        return text if res is SettleOutcome.OK else None
 
     async def _execute(
         self,
@@ -550,20 +515,18 @@ class Runner:
         # The attempt id is made once: a claim whose reply was lost, tried again, is told
         # "yours" instead of finding the call claimed (by itself) and reporting it in doubt.
         attempt = new_attempt()
-        claim = await self._claim_call(
-            [self.keys.run(run_id), tkey], [fence, turn, cid, "1" if t.idempotent else "0", attempt]
-        )
-        if claim[0] == "lost":
+        claim = await self._claim_call(run_id, turn, fence, cid, t.idempotent, attempt)
+        if claim.outcome is ClaimOutcome.LOST:
             raise LeaseLost(run_id)
-        if claim[0] == "stopped":
-            log.info("run %s is %s: %s not started", run_id, claim[1], t.name)
+        if claim.outcome is ClaimOutcome.STOPPED:
+            log.info("run %s is %s: %s not started", run_id, claim.state, t.name)
             return None
-        if claim[0] == "yours":
+        if claim.outcome is ClaimOutcome.YOURS:
             log.info("run %s: the claim of %s was applied, its reply lost", run_id, t.name)
-            claim = ["ok", ""]
-        previous = claim[1]
+            claim = Claim(ClaimOutcome.OK, "")
+        previous = claim.state
         in_doubt = False
-        if claim[0] == "ok":
+        if claim.outcome is ClaimOutcome.OK:
             if previous == "claimed":
                 log.warning("run %s: re-running idempotent %s left in doubt", run_id, t.name)
             try:
@@ -593,11 +556,10 @@ class Runner:
             "origin": json.loads(run.get("origin") or "{}"),
         }
         told = messages.with_approval(output, *approval) if approval else output
-        res = await self._complete(
-            keys=[self.keys.run(run_id), tkey, self.keys.events(self.keys.shard_of(run_id))],
-            args=[fence, cid, told, json.dumps(event)[:-1]],
+        res = await self.scripts.complete_call(
+            run_id, turn, fence, cid, told, json.dumps(event)[:-1]
         )
-        if res == "lost":
+        if res is CompleteOutcome.LOST:
             log.warning(
                 "run %s: result of %s discarded: this worker lost the run's lease while the "
                 "call ran (the new owner reports it in doubt); ok=%s",
@@ -606,27 +568,39 @@ class Runner:
                 ok,
             )
             raise LeaseLost(run_id)
-        if res != "ok":
+        if res is not CompleteOutcome.OK:
             return str(await self.redis.hget(tkey, f"result:{cid}") or "")
         return told
 
-    async def _claim_call(self, keys: list[str], args: list[Any]) -> Any:
+    async def _claim_call(
+        self, run_id: str, turn: int, fence: str, call_id: str, idempotent: bool, attempt: str
+    ) -> Claim:
         """CLAIM_CALL; with ``claim_replicas``, then WAIT for that many replicas before the
         tool may start. A claim lost with its master (killed before replicating it) would
         let the promoted replica's next owner run the call again; once a replica has it,
         the call is reported in doubt instead. WAIT covers every write the master made
         before it, so a sub-agent's spawn is covered by its first tool's claim."""
         if self.claim_replicas <= 0:
-            return await self._claim(keys=keys, args=args)
-        claim, replicas = await eval_replicated(
-            self.redis, scripts.CLAIM_CALL, keys, args, self.claim_replicas, self.claim_wait_ms
+            return await self.scripts.claim_call(
+                run_id, turn, fence, call_id, idempotent=idempotent, attempt=attempt
+            )
+        claim, replicas = await self.scripts.claim_call_replicated(
+            run_id,
+            turn,
+            fence,
+            call_id,
+            idempotent=idempotent,
+            attempt=attempt,
+            replicas=self.claim_replicas,
+            wait_ms=self.claim_wait_ms,
         )
-        if claim and claim[0] in ("ok", "yours") and replicas < self.claim_replicas:
+        ok = claim.outcome in (ClaimOutcome.OK, ClaimOutcome.YOURS)
+        if ok and replicas < self.claim_replicas:
             log.error(
                 "call %s of %s: its claim reached %s of %s replicas within %s ms; the tool "
                 "runs anyway, and a failover now could run it again",
-                args[2],
-                keys[0],
+                call_id,
+                self.keys.run(run_id),
                 replicas,
                 self.claim_replicas,
                 self.claim_wait_ms,
@@ -647,8 +621,7 @@ class Runner:
                 run, turn, call, messages.too_deep(t.name, self.max_depth), fence
             )
         res = await children.spawn(
-            self._spawn_script,
-            k,
+            self.scripts,
             run,
             turn,
             call,
@@ -658,11 +631,11 @@ class Runner:
             _now(),
             fence,
         )
-        if res == "lost":
+        if res is SpawnOutcome.LOST:
             raise LeaseLost(run_id)
-        if res == "stopped":
+        if res is SpawnOutcome.STOPPED:
             return None
-        if res == "stale":  # settled meanwhile (a replay): its result is recorded
+        if res is SpawnOutcome.STALE:  # settled meanwhile (a replay): its result is recorded
             return str(await self.redis.hget(k.turn(run_id, turn), f"result:{call['id']}") or "")
         return SPAWNED
 
@@ -673,11 +646,10 @@ class Runner:
         calls: list[dict[str, Any]],
         fence: str,
         indexes: list[int] | None = None,
-    ) -> str:
+    ) -> OpenOutcome:
         """Open one gate per call (see :func:`agent_core.gating.open_gates`)."""
         res = await gating.open_gates(
-            self._open,
-            self.keys,
+            self.scripts,
             self.agent,
             run,
             turn,
@@ -686,6 +658,6 @@ class Runner:
             indexes,
             timeout=self.approval_timeout,
         )
-        if res == "lost":
+        if res is OpenOutcome.LOST:
             raise LeaseLost(run["run_id"])
         return res

@@ -17,14 +17,13 @@ import secrets
 import signal
 import socket
 from collections.abc import Sequence
-from typing import Any
 
 from aiohttp import web
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from . import layout, metrics, presence, scripts
+from . import layout, metrics, presence
 from .agent import Agent
 from .connections import reachable_redis
 from .exceptions import ConfigError, GateNotFound, LeaseLost
@@ -32,6 +31,8 @@ from .gateway import Gateway, valid_run_id
 from .keys import Keys
 from .runner import Runner
 from .runtime import freeze_startup_heap
+from .script_replies import Began, LeaseStatus
+from .scripts import Scripts
 from .settings import Settings, exit_on_config_error, importable_from_cwd, load_agents
 from .streams import StreamConsumer, StreamMessage, is_cluster, stream_groups
 from .trimmer import forget_dead_consumers, trim_events
@@ -126,11 +127,7 @@ class Worker:
             for streams in stream_groups(redis, [keys.jobs(s) for s in keys.all_shards()])
         ]
         self.max_deliveries = settings.job_max_deliveries
-        self._acquire_lease = redis.register_script(scripts.ACQUIRE_LEASE)
-        self._renew = redis.register_script(scripts.RENEW_LEASE)
-        self._release = redis.register_script(scripts.RELEASE_LEASE)
-        self._finish_job = redis.register_script(scripts.FINISH_JOB)
-        self._requeue = redis.register_script(scripts.REQUEUE_JOB)
+        self.scripts = Scripts(redis, self.keys)
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self._inflight: set[asyncio.Task[None]] = set()
         # The jobs this worker is advancing, by (stream, id): one that its heartbeat could not
@@ -297,7 +294,7 @@ class Worker:
                 # Another worker advances this run. Waiting for it is not a failure: the job
                 # goes back to the end of the stream as a new entry (delivery count reset),
                 # and whoever reads it next finds the run's state then.
-                await self._requeue(keys=[msg.stream], args=[JOBS_GROUP, msg.id, *_flat(msg)])
+                await self.scripts.requeue_job(msg.stream, JOBS_GROUP, msg.id, _flat(msg))
                 log.info("run %s is busy elsewhere; job %s requeued", run_id, msg.id)
                 return
             await self._advance(reader, run_id, fence, msg, began)
@@ -323,7 +320,7 @@ class Worker:
         run_id: str,
         fence: str,
         msg: StreamMessage,
-        began: list[Any] | None = None,
+        began: Began | None = None,
     ) -> None:
         lost = asyncio.Event()
         done = asyncio.Event()
@@ -343,10 +340,7 @@ class Worker:
                 await self.runner.advance(run_id, fence, lost, began)
             done.set()
             heartbeat.cancel()
-            if await self._finish_job(
-                keys=[msg.stream, self.keys.run(run_id)],
-                args=[JOBS_GROUP, msg.id, fence],
-            ):
+            if await self.scripts.finish_job(msg.stream, JOBS_GROUP, msg.id, run_id, fence):
                 finished = True
             else:
                 raise LeaseLost(run_id)
@@ -358,11 +352,11 @@ class Worker:
             await asyncio.wait({heartbeat}, timeout=1.0)
             if not finished and not lost.is_set():
                 with contextlib.suppress(RedisError, OSError):
-                    await self._release(keys=[self.keys.run(run_id)], args=[fence])
+                    await self.scripts.release_lease(run_id, fence)
 
     async def _acquire(
         self, run_id: str, turn: str | None = None
-    ) -> tuple[str | None, list[Any] | None]:
+    ) -> tuple[str | None, Began | None]:
         """The run's lease: (a fence token, BEGIN_RUN's reply taken with it, with ``turn``'s
         hash when the job resumes that turn), ``("busy", None)``, or ``(None, None)`` when
         the run does not exist.
@@ -370,22 +364,28 @@ class Worker:
         A busy run is tried a few times over about a second (a resume job often arrives
         while the worker that opened the gates is still releasing the run).
         """
-        keys = [self.keys.run(run_id), self.keys.events(self.keys.shard_of(run_id))]
-        args: list[Any] = [self.lease_ms, self.name, self.agent.name, ""]
-        if turn and turn.isdigit():
-            keys.append(self.keys.turn(run_id, int(turn)))
-            args[3] = turn
         # One attempt id for every try: a try whose reply was lost (and its retry by the
         # client) gets its own fence back instead of "busy" until the lease runs out.
-        args.append(secrets.token_hex(8))
+        lease_attempt = secrets.token_hex(8)
         for attempt in range(8):
-            res = await self._acquire_lease(keys=keys, args=args)
-            if res[0] == "ok":
-                if len(res) > 2 and res[2]:
+            res = await self.scripts.acquire_lease(
+                run_id,
+                lease_ms=self.lease_ms,
+                worker=self.name,
+                begin_agent=self.agent.name,
+                turn=turn if turn and turn.isdigit() else None,
+                attempt=lease_attempt,
+            )
+            if res.status is LeaseStatus.OK:
+                if res.previous_owner:
                     metrics.TAKEOVERS.inc()
-                    log.info("run %s: taken over from %s, whose lease ran out", run_id, res[2])
-                return str(res[1]), (res[3] if len(res) > 3 else None)
-            if res[0] == "missing":
+                    log.info(
+                        "run %s: taken over from %s, whose lease ran out",
+                        run_id,
+                        res.previous_owner,
+                    )
+                return res.fence, res.began
+            if res.status is LeaseStatus.MISSING:
                 return None, None
             await asyncio.sleep(min(0.01 * 2**attempt, 0.25))
         return "busy", None
@@ -410,7 +410,7 @@ class Worker:
                 # Refused only once another worker took the run over (or it was released):
                 # a lease that ran out while Redis did not answer (a failover) is taken up
                 # again, so failed beats never lose it by themselves.
-                if not await self._renew(keys=[self.keys.run(run_id)], args=[fence, self.lease_ms]):
+                if not await self.scripts.renew_lease(run_id, fence, self.lease_ms):
                     lost.set()
                     log.warning("run %s: lease lost (taken over); stopping", run_id)
                     return

@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 from agent_core.keys import Keys
 
 from .cards import ToolResult
+from .scripts import BotScripts
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +45,6 @@ LOCK_WAIT_SECONDS = 3.0
 # A holder stuck for longer (a call that never returns) is cancelled, and its lock released:
 # renewing without a bound turned one stuck holder into a card that never updated again.
 LOCK_MAX_HOLD_SECONDS = 60.0
-
-# Records where a card went. The first message of a gate becomes its card; any other one
-# (two processes posted it) joins ``others`` and the stored digest is cleared, so that the
-# next rendering updates them all. Returns 1 for the card itself, 0 for another message.
-SAVE_CARD = """
-local cur = redis.call('HGET', KEYS[1], 'ts')
-if (not cur) or cur == '' or cur == ARGV[2] then
-  redis.call('HSET', KEYS[1], 'channel', ARGV[1], 'ts', ARGV[2], 'digest', ARGV[3])
-  redis.call('EXPIRE', KEYS[1], ARGV[4])
-  return 1
-end
-local others = redis.call('HGET', KEYS[1], 'others') or ''
-if not string.find(' ' .. others .. ' ', ' ' .. ARGV[2] .. ' ', 1, true) then
-  if others == '' then others = ARGV[2] else others = others .. ' ' .. ARGV[2] end
-end
-redis.call('HSET', KEYS[1], 'others', others, 'digest', '')
-redis.call('EXPIRE', KEYS[1], ARGV[4])
-return 0
-"""
 
 
 def turn_ident(run_id: str, turn: int) -> str:
@@ -97,69 +79,6 @@ class RunRecord:
     digest: str | None
 
 
-# Take a lock and read hashes in the same round trip (their keys in the lock's shard). A
-# retry after the lock was taken with this token (the first reply lost) finds it its own.
-# KEYS[1] lock key, KEYS[2..] hashes; ARGV[1] token, ARGV[2] the lock's TTL (ms).
-# Returns 0 when another holder has the lock, else {1, each hash as a flat list}.
-LOCK_AND_READ = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-elseif not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 0
-end
-local out = {1}
-for i = 2, #KEYS do out[i] = redis.call('HGETALL', KEYS[i]) end
-return out
-"""
-
-# Write the fields a lock's holder left for its release, then release the lock if it is
-# still the holder's. The writes happen either way: they record what the holder did.
-# KEYS[1] lock key, KEYS[2..] hashes; ARGV[1] token, ARGV[2] TTL (s) of the hashes written,
-# then per hash: its number of fields n, then n field/value pairs. Returns 1 if released.
-RELEASE_AFTER_WRITES = """
-local a = 3
-for i = 2, #KEYS do
-  local n = tonumber(ARGV[a])
-  if n > 0 then
-    redis.call('HSET', KEYS[i], unpack(ARGV, a + 1, a + 2 * n))
-    redis.call('EXPIRE', KEYS[i], ARGV[2])
-  end
-  a = a + 1 + 2 * n
-end
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
-# Renew a lock only if this process still holds it. KEYS[1] lock key; ARGV[1] token,
-# ARGV[2] lease in ms. Returns 1 if renewed.
-RENEW_LOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-
-# Release a lock only if this process still holds it. KEYS[1] lock key; ARGV[1] token.
-# Returns 1 if released.
-RELEASE_LOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-# A call's outcome, unless the card already has one (a cancel's "never ran" must not
-# replace the outcome the call's own tool.executed stored).
-# KEYS[1] card record; ARGV[1] TTL (s), ARGV[2..] field/value pairs. Returns 1 if stored.
-SET_RESULT_IF_NONE = """
-if redis.call('HEXISTS', KEYS[1], 'result_ok') == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return 1
-"""
-
-
 @dataclass
 class Held:
     """A lock while held: the hashes read as it was taken, and fields to write at release
@@ -183,12 +102,7 @@ class Store:
         self.redis = redis
         self.keys = keys
         self.lock_max_hold = lock_max_hold
-        self._release = redis.register_script(RELEASE_LOCK)
-        self._lock_and_read = redis.register_script(LOCK_AND_READ)
-        self._release_after = redis.register_script(RELEASE_AFTER_WRITES)
-        self._set_result_if_none = redis.register_script(SET_RESULT_IF_NONE)
-        self._renew = redis.register_script(RENEW_LOCK)
-        self._save_card = redis.register_script(SAVE_CARD)
+        self.scripts = BotScripts(redis)
 
     # --- cards ------------------------------------------------------------------------
     def _shard(self, ident: str) -> int | None:
@@ -219,10 +133,9 @@ class Store:
     ) -> bool:
         """Record a posted card; ``False`` when the gate already had one (``ts`` then joins
         :attr:`CardRecord.others`, and the digest is cleared so that all get updated)."""
-        first = await self._save_card(
-            keys=[self.card_key(gate_id, ns)], args=[channel, ts, digest, RECORD_TTL_SECONDS]
+        return await self.scripts.save_card(
+            self.card_key(gate_id, ns), channel, ts, digest, RECORD_TTL_SECONDS
         )
-        return bool(first)
 
     async def adopt_cards(
         self, gate_id: str, channel: str, ts: list[str], ns: str = CARD_NS
@@ -256,11 +169,9 @@ class Store:
     async def set_result_unless_known(self, gate_id: str, result: ToolResult) -> bool:
         """Store ``result`` only if the card has no outcome yet (one script: an outcome
         stored meanwhile by :meth:`set_result` is never overwritten); whether it was."""
-        flat = [x for kv in _result_fields(result).items() for x in kv]
-        done = await self._set_result_if_none(
-            keys=[self.card_key(gate_id)], args=[RECORD_TTL_SECONDS, *flat]
+        return await self.scripts.set_result_if_none(
+            self.card_key(gate_id), RECORD_TTL_SECONDS, _result_fields(result)
         )
-        return bool(done)
 
     # --- runs -------------------------------------------------------------------------
     def run_key(self, run_id: str) -> str:
@@ -333,9 +244,9 @@ class Store:
         while True:
             # A script even without hashes to read: a SET NX retried after its reply was
             # lost would find the lock taken, by this very token, and wait for nothing.
-            got = await self._lock_and_read(keys=[key, *read], args=[token, LOCK_TTL_MS])
-            if got:
-                held = Held([_pairs(flat) for flat in got[1:]], {})
+            got = await self.scripts.lock_and_read(key, token, LOCK_TTL_MS, read)
+            if got is not None:
+                held = Held(got, {})
                 break
             if loop.time() >= give_up:
                 raise LockBusy(name)
@@ -376,21 +287,16 @@ class Store:
                 renewer.cancel()
                 await asyncio.wait({renewer}, timeout=1.0)
             if held.writes:
-                args: list[str | int] = [token, RECORD_TTL_SECONDS]
-                for fields in held.writes.values():
-                    args.append(len(fields))
-                    for field, value in fields.items():
-                        args += [field, value]
-                await self._release_after(keys=[key, *held.writes], args=args)
+                await self.scripts.release_after_writes(key, token, RECORD_TTL_SECONDS, held.writes)
             else:
-                await self._release(keys=[key], args=[token])
+                await self.scripts.release_lock(key, token)
 
     async def _keep(self, key: str, token: str, done: asyncio.Event, until: float) -> None:
         """Renew the lock until ``done`` is set, and never past ``until`` (loop time)."""
         loop = asyncio.get_running_loop()
         while not done.is_set() and loop.time() < until:
             with contextlib.suppress(aioredis.RedisError, OSError):
-                await self._renew(keys=[key], args=[token, LOCK_TTL_MS])
+                await self.scripts.renew_lock(key, token, LOCK_TTL_MS)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), LOCK_TTL_MS / 3000)
 
@@ -448,10 +354,6 @@ def _result_fields(result: ToolResult) -> dict[str, str]:
 def run_record(h: dict[str, str]) -> RunRecord:
     """A run's record from its hash (empty: no root message known)."""
     return RunRecord(h.get("channel"), h.get("ts"), h.get("digest"))
-
-
-def _pairs(flat: list[str | bytes]) -> dict[str, str]:
-    return {_s(flat[i]): _s(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
 
 
 def _s(v: str | bytes) -> str:

@@ -149,6 +149,9 @@ def test_the_distribution_holds_what_users_need(installed: Installed) -> None:
     # The one fake Slack Web API ships (the playground serves it); the tests' doubles do not.
     assert {"playground/slack_api.py", "playground/state.py", "playground/workspace.py"} <= names
     assert not any(n.startswith(("tests/", "bot/testing")) for n in names)
+    # Every Lua script and include (read with importlib.resources) is package data.
+    lua = {str(p.relative_to(ROOT)) for p in ROOT.glob("*/lua/**/*.lua")}
+    assert {"agent_core/lua/include/lease.lua", "bot/lua/lock_and_read.lua"} <= lua <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert f"Version: {__version__}\n" in meta and "License-Expression: MIT\n" in meta
     assert "Provides-Extra: mcp\n" in meta and 'Requires-Dist: mcp>=2.3; extra == "mcp"' in meta
@@ -162,6 +165,7 @@ def test_the_distribution_holds_what_users_need(installed: Installed) -> None:
         "pyproject.toml",
         "bot/manifest.yml",
         "slack/manifest.yml",
+        *lua,
     } <= members
     assert not any(n.startswith(("tests/", "bot/testing")) for n in members)
     print(f"\nbuild + venv + pip install: {installed.seconds:.1f} s")

@@ -8,7 +8,8 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_core import Keys
-from bot.store import LOCK_AND_READ, LockBusy, Store
+from bot.scripts import BotScripts
+from bot.store import LockBusy, Store
 
 
 async def test_a_holder_stuck_past_the_bound_is_cancelled_and_the_lock_freed(
@@ -52,16 +53,16 @@ async def test_a_timeout_inside_the_section_is_not_reported_as_a_stuck_holder(
     assert "holder was cancelled" not in caplog.text
 
 
-class _SwallowingStore(Store):
-    """A Store whose renewal swallows a cancellation, as redis-py's client has been seen to
-    do when one lands inside a command."""
+class _SwallowingScripts(BotScripts):
+    """Scripts whose lock renewal swallows a cancellation, as redis-py's client has been seen
+    to do when one lands inside a command."""
 
-    async def _renew_swallowing(self, *, keys: list[str], args: list[object]) -> int:
+    async def renew_lock(self, lock_key: str, token: str, ttl_ms: int) -> bool:
         try:
             await asyncio.sleep(2.0)
         except asyncio.CancelledError:
             pass  # swallowed: the caller goes on
-        return 1
+        return True
 
 
 async def test_a_renewal_that_swallows_its_cancellation_does_not_hold_the_lock(
@@ -70,8 +71,8 @@ async def test_a_renewal_that_swallows_its_cancellation_does_not_hold_the_lock(
     """Seen in the Slack bench: a renewer whose cancel was swallowed kept renewing, and the
     holder waited for it forever; the card never updated again."""
     keys = Keys("t")
-    store = _SwallowingStore(redis, keys)
-    store._renew = store._renew_swallowing  # type: ignore[assignment,method-assign]
+    store = Store(redis, keys)
+    store.scripts = _SwallowingScripts(redis)
     loop = asyncio.get_running_loop()
     async with store.lock("gate:00abe"):
         await asyncio.sleep(3.6)  # the first renewal (every 3.3 s) is under way
@@ -122,7 +123,9 @@ async def test_a_lock_taken_again_with_its_own_token_is_its_holders(redis: Redis
     held by its own token, and has it, instead of waiting for itself until the lock's TTL."""
     keys = Keys("t")
     key = Store(redis, keys).lock_key(f"gate:{keys.new_gate_id(3)}")
-    take = (LOCK_AND_READ, 1, key, "token-1", 10_000)
-    assert await redis.eval(*take) == [1]
-    assert await redis.eval(*take) == [1], "the first take's reply was lost: it is its own"
-    assert await redis.eval(LOCK_AND_READ, 1, key, "token-2", 10_000) == 0
+    take = BotScripts(redis).lock_and_read
+    assert await take(key, "token-1", 10_000) == []
+    assert await take(key, "token-1", 10_000) == [], (
+        "the first take's reply was lost: it is its own"
+    )
+    assert await take(key, "token-2", 10_000) is None

@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import ContinueOutcome, Decision, InvalidState, RunNotFound, RunStatus, scripts
+from agent_core import ContinueOutcome, Decision, InvalidState, RunNotFound, RunStatus
+from agent_core.script_replies import LeaseStatus
+from agent_core.scripts import Scripts
 from agent_core.testing import FakeOpenAI, call, reply
 from tests.agents import read_journal
 from tests.core.harness import Harness
@@ -137,10 +139,10 @@ async def test_a_failed_run_continues_and_counts_its_turns_afresh(
 
 
 # --- crash safety: the inbox moves to the history under the lease, in one script ---------
-async def lease(redis: Redis, run_key: str, ms: int = 60_000) -> str:
-    res = await redis.eval(scripts.ACQUIRE_LEASE, 1, run_key, ms, "test")
-    assert res[0] == "ok", res
-    return str(res[1])
+async def lease(scripts: Scripts, run_id: str, ms: int = 60_000) -> str:
+    res = await scripts.acquire_lease(run_id, lease_ms=ms, worker="test")
+    assert res.status is LeaseStatus.OK, res
+    return res.fence
 
 
 async def test_queued_messages_move_only_under_a_current_lease(
@@ -152,38 +154,32 @@ async def test_queued_messages_move_only_under_a_current_lease(
     await redis.hset(k.run(rid), mapping={"status": "running"})
     assert await gw.continue_run(rid, "one", by="U2") is ContinueOutcome.QUEUED
     assert await gw.continue_run(rid, "two", by="U3") is ContinueOutcome.QUEUED
-    fence = await lease(redis, k.run(rid))
-    read_keys = [k.run(rid), k.history(rid), k.authors(rid), k.run_inbox(rid)]
+    scripts = Scripts(redis, k)
+    fence = await lease(scripts, rid)
 
     # A stale fence (a worker taken over) moves nothing: the messages stay queued.
-    await redis.eval(scripts.READ_FOR_MODEL, 4, *read_keys, "0")
+    await scripts.read_for_model(rid, "0")
     assert await redis.llen(k.run_inbox(rid)) == 2
     assert len(await gw.history(rid)) == 1
 
-    out = await redis.eval(scripts.READ_FOR_MODEL, 4, *read_keys, fence)
-    assert [json.loads(m)["content"] for m in out[5:]] == ["inbox", "one", "two"]
+    out = await scripts.read_for_model(rid, fence)
+    assert [json.loads(m)["content"] for m in out.history] == ["inbox", "one", "two"]
     assert await redis.llen(k.run_inbox(rid)) == 0
     assert await redis.hget(k.run(rid), "last_by") == "U3"
 
     # A final answer that crossed a queued message does not finish the run.
     assert await gw.continue_run(rid, "three", by="U2") is ContinueOutcome.QUEUED
-    after = await redis.eval(
-        scripts.RECORD_TURN,
-        7,
-        k.run(rid),
-        k.history(rid),
-        k.turn(rid, 1),
-        k.events(k.shard_of(rid)),
-        k.finished(k.shard_of(rid)),
-        k.active(k.shard_of(rid)),
-        k.run_inbox(rid),
+    after = await scripts.record_turn(
+        {"run_id": rid},
+        0,
         fence,
-        "0",
-        json.dumps({"role": "assistant", "content": "early answer"}),
-        "done",
-        "early answer",
-        "{}",
-        "1",
+        assistant=json.dumps({"role": "assistant", "content": "early answer"}),
+        done=True,
+        final="early answer",
+        completed="{}",
+        now="1",
+        fields=[],
     )
-    got = dict(zip(after[::2], after[1::2], strict=True))
+    got = after.run
+    assert got is not None
     assert (got["status"], got["phase"], got["turn"]) == ("running", "model", "1")

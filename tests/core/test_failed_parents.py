@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import Agent, RunStatus, stopping
+from agent_core import Agent, RunStatus
+from agent_core.script_replies import FailOutcome
+from agent_core.scripts import Scripts
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
 from agent_core.worker import Worker
 from tests.agents import desk, read_journal
@@ -77,13 +79,26 @@ async def fail_and_crash(h: Harness, run_id: str) -> None:
     it cancels the run's children (its lease runs out)."""
     k, redis = h.keys, h.redis
     rk = k.run(run_id)
-    fence = await take_lease(redis, rk)
+    fence = await take_lease(redis, k, run_id)
     turn = await redis.hget(rk, "turn")
     assert turn is not None
     data = json.dumps({"run_id": run_id, "error": "the job kept crashing", "retryable": False})
-    keys = stopping.fail_keys(k, run_id, {}, int(turn), [])
-    args = [fence, "the job kept crashing", data, "1", run_id, "0", "", turn, "not run", "?", "a1"]
-    assert await redis.eval(stopping.FAIL_RUN, len(keys), *keys, *args) == "failed"
+    failed = await Scripts(redis, k).fail_run(
+        run_id,
+        {},
+        int(turn),
+        [],
+        fence=fence,
+        error="the job kept crashing",
+        data=data,
+        now="1",
+        retryable=False,
+        told="",
+        not_run="not run",
+        in_doubt="?",
+        attempt="a1",
+    )
+    assert failed is FailOutcome.FAILED
     await redis.hset(rk, "lease_until", "0")
 
 
@@ -142,7 +157,7 @@ async def test_a_failure_that_cancels_its_sub_agent_tells_the_model_why_on_conti
     )
     fake_openai.script("refund order 8", [call("refund", {"order": 8}), reply("refunded")])
     run_id, child, _gate, _cid = await paused_on_child(h, "refund 8 through billing")
-    fence = await take_lease(redis, h.keys.run(run_id))
+    fence = await take_lease(redis, h.keys, run_id)
     runner = Worker(redis, h.agent, h.client, h.settings).runner
     assert await runner.fail(run_id, "the job kept crashing", fence)
     await redis.hset(h.keys.run(run_id), "lease_until", "0")

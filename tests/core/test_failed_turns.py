@@ -132,7 +132,7 @@ async def test_a_failure_in_the_tools_phase_closes_every_call_that_did_not_run(
     await h.gateway.decide(a["gate_id"], "approve", by="U2")
     await h.gateway.decide(b["gate_id"], "deny", by="U2")
     rk, tk = h.keys.run(run.run_id), h.keys.turn(run.run_id, 1)
-    fence = await take_lease(redis, rk)
+    fence = await take_lease(redis, h.keys, run.run_id)
     await redis.hset(rk, "status", "running")  # as the resume's BEGIN_RUN leaves it
     await redis.hset(tk, f"state:{sync['call_id']}", "claimed")  # its worker died mid-call
     runner = Worker(redis, h.agent, h.client, h.settings).runner

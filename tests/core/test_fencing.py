@@ -21,8 +21,16 @@ import pytest
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from agent_core import GateStatus, LeaseLost, RunStatus, scripts, stopping
+from agent_core import GateStatus, LeaseLost, RunStatus
 from agent_core.runner import Runner
+from agent_core.script_replies import (
+    ClaimOutcome,
+    CompleteOutcome,
+    FailOutcome,
+    LeaseStatus,
+    SettleOutcome,
+)
+from agent_core.scripts import Scripts
 from agent_core.testing import FakeOpenAI, calls, reply, tool_messages
 from tests.agents import ops, read_journal
 from tests.core.harness import Harness
@@ -159,10 +167,10 @@ async def test_an_async_tool_blocking_the_loop_past_the_lease_writes_nothing(
 
 
 # --------------------------------------------------------------------------- the scripts
-async def lease(redis: Redis, run_key: str, ms: int = 60_000) -> str:
-    res = await redis.eval(scripts.ACQUIRE_LEASE, 1, run_key, ms, "test")
-    assert res[0] == "ok", res
-    return str(res[1])
+async def lease(scripts: Scripts, run_id: str, ms: int = 60_000) -> str:
+    res = await scripts.acquire_lease(run_id, lease_ms=ms, worker="test")
+    assert res.status is LeaseStatus.OK, res
+    return res.fence
 
 
 async def test_every_advancing_script_refuses_a_stale_fence(
@@ -171,87 +179,72 @@ async def test_every_advancing_script_refuses_a_stale_fence(
     """A fence from an earlier lease (one taken over once it ran out) moves nothing, script
     by script."""
     gw, k = observer.gateway, observer.keys
+    scripts = Scripts(redis, k)
     run = await gw.start_run("fenced", requested_by="U1")
-    rk = k.run(run.run_id)
-    old = await lease(redis, rk, ms=50)
+    rid, rk = run.run_id, k.run(run.run_id)
+    old = await lease(scripts, rid, ms=50)
     await asyncio.sleep(0.1)  # the lease runs out
-    new = await lease(redis, rk)
+    new = await lease(scripts, rid)
     assert new != old
-    assert await redis.eval(scripts.RENEW_LEASE, 1, rk, old, 1000) == 0
+    assert await scripts.renew_lease(rid, old, 1000) is False
     before = await redis.hgetall(rk)
-    turn = k.turn(run.run_id, 1)
+    turn = k.turn(rid, 1)
     await redis.hset(turn, mapping={"state:c1": "ready"})
 
     replies = [
-        await redis.eval(scripts.BEGIN_RUN, 2, rk, k.events(k.shard_of(run.run_id)), old, "a", "1"),
-        await redis.eval(
-            scripts.RECORD_TURN,
-            6,
-            rk,
-            k.history(run.run_id),
-            turn,
-            k.events(k.shard_of(run.run_id)),
-            k.finished(k.shard_of(run.run_id)),
-            k.active(k.shard_of(run.run_id)),
-            old,
-            "0",
-            json.dumps({"role": "assistant", "content": "x"}),
-            "done",
-            "x",
-            "{}",
-            "1",
+        (await scripts.begin_run(rid, old, "a", "1")).status,
+        (
+            await scripts.record_turn(
+                {"run_id": rid},
+                0,
+                old,
+                assistant=json.dumps({"role": "assistant", "content": "x"}),
+                done=True,
+                final="x",
+                completed="{}",
+                now="1",
+                fields=[],
+            )
+        ).lost,
+        (await scripts.claim_call(rid, 1, old, "c1", idempotent=False, attempt="")).outcome,
+        await scripts.settle_call(rid, 1, old, "c1", "no"),
+        await scripts.complete_call(rid, 1, old, "c1", "x", "{"),
+        (await scripts.finish_turn(rid, 0, old, "1", [], read=False)).lost,
+        await scripts.fail_run(
+            rid,
+            {},
+            1,
+            [],
+            fence=old,
+            error="boom",
+            data="{}",
+            now="1",
+            retryable=False,
+            told="",
+            not_run="not run",
+            in_doubt="in doubt",
+            attempt="",
         ),
-        await redis.eval(scripts.CLAIM_CALL, 2, rk, turn, old, "0", "c1", "0"),
-        await redis.eval(scripts.SETTLE_CALL, 2, rk, turn, old, "0", "c1", "no"),
-        await redis.eval(
-            scripts.COMPLETE_CALL,
-            3,
-            rk,
-            turn,
-            k.events(k.shard_of(run.run_id)),
-            old,
-            "c1",
-            "x",
-            "{",
-        ),
-        await redis.eval(scripts.FINISH_TURN, 2, rk, k.history(run.run_id), old, "0", "1"),
-        await redis.eval(
-            stopping.FAIL_RUN,
-            10,
-            rk,
-            k.events(k.shard_of(run.run_id)),
-            k.finished(k.shard_of(run.run_id)),
-            k.deadlines(k.shard_of(run.run_id)),
-            k.run_gates(run.run_id),
-            k.active(k.shard_of(run.run_id)),
-            rk,
-            rk,
-            k.jobs(k.shard_of(run.run_id)),
-            turn,
-            old,
-            "boom",
-            "{}",
-            "1",
-            run.run_id,
-            "0",
-            "",
-            "0",
-            "not run",
-            "in doubt",
-        ),
-        await redis.eval(
-            scripts.FINISH_JOB, 2, k.jobs(k.shard_of(run.run_id)), rk, "workers", "1-1", old
-        ),
+        await scripts.finish_job(k.jobs(k.shard_of(rid)), "workers", "1-1", rid, old),
     ]
-    assert [r[0] if isinstance(r, list) else r for r in replies] == ["lost"] * 7 + [0]
+    assert replies == [
+        "lost",
+        True,
+        ClaimOutcome.LOST,
+        SettleOutcome.LOST,
+        CompleteOutcome.LOST,
+        True,
+        FailOutcome.LOST,
+        False,
+    ]
     assert await redis.hgetall(rk) == before
     assert await redis.hgetall(turn) == {"state:c1": "ready"}
-    assert await redis.lrange(k.history(run.run_id), 0, -1) == [
+    assert await redis.lrange(k.history(rid), 0, -1) == [
         json.dumps({"role": "user", "content": "fenced"})
     ]
     # Only the holder can release: the stale fence cannot free the new holder's lease.
-    assert await redis.eval(scripts.RELEASE_LEASE, 1, rk, old) == 0
-    assert await redis.eval(scripts.RENEW_LEASE, 1, rk, new, 1000) == 1
+    assert await scripts.release_lease(rid, old) is False
+    assert await scripts.renew_lease(rid, new, 1000) is True
 
 
 async def test_a_worker_told_its_lease_is_lost_stops_calling_the_model(
@@ -262,7 +255,7 @@ async def test_a_worker_told_its_lease_is_lost_stops_calling_the_model(
     fake_openai.script("limited", [reply("never")])
     fake_openai.rate_limit(20)
     run = await observer.gateway.start_run("limited", requested_by="U1")
-    fence = await lease(redis, observer.keys.run(run.run_id))
+    fence = await lease(Scripts(redis, observer.keys), run.run_id)
     client = AsyncOpenAI(api_key="sk-test", base_url=fake_openai.base_url, max_retries=0)
     runner = Runner(redis, observer.keys, ops, client, model="m", approval_timeout=60)
     lost = asyncio.Event()
@@ -291,7 +284,7 @@ async def test_open_gates_never_touches_an_existing_gate_or_a_call_that_moved_on
     rk, turn = k.run(run.run_id), k.turn(run.run_id, 1)
     await redis.hset(rk, mapping={"status": "running", "turn": 1, "phase": "tools"})
     await redis.hset(turn, mapping={"state:c1": "needs_gate", "state:c2": "needs_gate"})
-    fence = await lease(redis, rk)
+    fence = await lease(Scripts(redis, k), run.run_id)
     runner = Runner(redis, k, ops, client=None, model="m", approval_timeout=60)  # type: ignore[arg-type]
     calls = [
         {

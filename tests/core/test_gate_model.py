@@ -16,8 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from agent_core import GateStatus, Gateway, InvalidState, Keys, RunStatus, scripts
+from agent_core import GateStatus, Gateway, InvalidState, Keys, RunStatus
 from agent_core.runner import Runner
+from agent_core.script_replies import Began, LeaseStatus
+from agent_core.scripts import Scripts
 from tests.agents import ops
 
 Op = tuple[str, int, str, bool]  # (kind, gate index, user, repeat)
@@ -33,11 +35,11 @@ ops_strategy = st.lists(
 )
 
 
-async def lease(redis: Redis, run_key: str) -> str:
+async def lease(redis: Redis, keys: Keys, run_id: str) -> str:
     """Take the run's lease as a worker does (ACQUIRE_LEASE): the fence token."""
-    res = await redis.eval(scripts.ACQUIRE_LEASE, 1, run_key, 60_000, "test")
-    assert res[0] == "ok", res
-    return str(res[1])
+    res = await Scripts(redis, keys).acquire_lease(run_id, lease_ms=60_000, worker="test")
+    assert res.status is LeaseStatus.OK, res
+    return res.fence
 
 
 async def open_run(redis: Redis, gw: Gateway, runner: Runner, n: int) -> tuple[str, list[str]]:
@@ -57,7 +59,7 @@ async def open_run(redis: Redis, gw: Gateway, runner: Runner, n: int) -> tuple[s
     await redis.hset(
         k.turn(run.run_id, 1), mapping={f"state:{c['id']}": "needs_gate" for c in calls}
     )
-    fence = await lease(redis, k.run(run.run_id))
+    fence = await lease(redis, k, run.run_id)
     h = await redis.hgetall(k.run(run.run_id))
     await runner._open_gates(h, 1, calls, fence)
     return run.run_id, [c["gate_id"] for c in calls]
@@ -159,35 +161,28 @@ async def test_a_resume_job_names_its_turn_and_the_lease_reads_it(redis: Redis) 
     runner = Runner(redis, keys, ops, client=None, model="m", approval_timeout=3600)  # type: ignore[arg-type]
     run_id, gate_ids = await open_run(redis, gw, runner, 2)
     fence = await redis.hget(keys.run(run_id), "fence")
-    await redis.eval(scripts.RELEASE_LEASE, 1, keys.run(run_id), fence)  # the opener's
+    scripts = Scripts(redis, keys)
+    await scripts.release_lease(run_id, fence)  # the opener's
     for g in gate_ids:
         await gw.decide(g, "approve", by="U1")
     jobs = await redis.xrange(keys.jobs(keys.shard_of(run_id)))
     resume = [f for _, f in jobs if f["type"] == "resume"]
     assert resume == [{"type": "resume", "run_id": run_id, "turn": "1"}]
 
-    async def acquire(turn: str) -> list[Any]:
-        run_key = keys.run(run_id)
-        res = await redis.eval(
-            scripts.ACQUIRE_LEASE,
-            3,
-            run_key,
-            keys.events(keys.shard_of(run_id)),
-            keys.turn(run_id, int(turn)),
-            60_000,
-            "w1",
-            ops.name,
-            turn,
+    async def acquire(turn: str) -> Began:
+        res = await scripts.acquire_lease(
+            run_id, lease_ms=60_000, worker="w1", begin_agent=ops.name, turn=turn
         )
-        assert res[0] == "ok", res
-        await redis.eval(scripts.RELEASE_LEASE, 1, run_key, res[1])
-        return list(res[3])
+        assert res.status is LeaseStatus.OK and res.began is not None, res
+        await scripts.release_lease(run_id, res.fence)
+        return res.began
 
     began = await acquire("1")
-    assert began[0] == "running"
-    turn = dict(zip(began[2][::2], began[2][1::2], strict=True))
+    assert began.status == "running"
+    turn = began.turn
+    assert turn is not None
     assert turn == await redis.hgetall(keys.turn(run_id, 1))
     assert {turn["state:c0"], turn["state:c1"]} == {"gated"}
-    assert len(await acquire("2")) == 2, "another turn: not read"
+    assert (await acquire("2")).turn is None, "another turn: not read"
     await redis.hset(keys.run(run_id), "phase", "model")
-    assert len(await acquire("1")) == 2, "no tools to run: not read"
+    assert (await acquire("1")).turn is None, "no tools to run: not read"

@@ -23,8 +23,10 @@ from urllib.parse import urlsplit
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import Gateway, InvalidState, RunStatus, reopen_scripts, stopping
+from agent_core import Gateway, InvalidState, Keys, RunStatus
 from agent_core.connections import create_redis
+from agent_core.script_replies import FailOutcome
+from agent_core.scripts import Scripts
 from agent_core.testing import FakeOpenAI, call, raw_response, reply
 from agent_core.worker import Worker
 from tests.agents import desk, ops, read_journal
@@ -163,19 +165,30 @@ async def test_fail_run_again_with_its_attempt_answers_failed(
 ) -> None:
     run_id, gate_id = await paused(h, fake_openai, "fail me")
     k = h.keys
-    rk = k.run(run_id)
-    fence = await take_lease(redis, rk)
-    keys = stopping.fail_keys(k, run_id, {}, 1, [gate_id])
+    fence = await take_lease(redis, k, run_id)
     data = json.dumps({"run_id": run_id, "error": "boom", "retryable": False})
 
-    async def fail(attempt: str) -> str:
-        args = [fence, "boom", data, "1", run_id, "0", "", "1", "not run", "?", attempt, gate_id]
-        return str(await redis.eval(stopping.FAIL_RUN, len(keys), *keys, *args))
+    async def fail(attempt: str) -> FailOutcome:
+        return await Scripts(redis, k).fail_run(
+            run_id,
+            {},
+            1,
+            [gate_id],
+            fence=fence,
+            error="boom",
+            data=data,
+            now="1",
+            retryable=False,
+            told="",
+            not_run="not run",
+            in_doubt="?",
+            attempt=attempt,
+        )
 
     assert [await fail("f-1"), await fail("f-1"), await fail("f-2")] == [
-        "failed",
-        "failed",
-        "finished",
+        FailOutcome.FAILED,
+        FailOutcome.FAILED,
+        FailOutcome.FINISHED,
     ]
     assert await count(h, run_id, "run.failed") == 1
     assert await redis.hget(k.gate(gate_id), "status") == "cancelled"
@@ -187,7 +200,7 @@ async def test_a_cancel_whose_reply_was_lost_tells_the_user_they_cancelled_it(
 ) -> None:
     run_id, gate_id = await paused(h, fake_openai, "cancel over a bad link")
     gateway = Gateway(lossy, h.keys)
-    await lose_next_reply(proxy, redis, stopping.CANCEL_RUN)
+    await lose_next_reply(proxy, redis, Scripts(redis, Keys()).source("cancel_run"))
     run = await gateway.cancel_run(run_id, by="U1")
     assert proxy.lost == 1, "the first reply was lost and redis-py ran the script again"
     assert (run.status, run.cancelled_by) == (RunStatus.CANCELLED, "U1")
@@ -201,7 +214,7 @@ async def test_a_retry_whose_reply_was_lost_is_queued_once_and_runs(
     run_id = await failed_retryably(h, fake_openai, "retry over a bad link")
     fake_openai.script("retry over a bad link", [reply("back")])  # the provider is back
     gateway = Gateway(lossy, h.keys)
-    await lose_next_reply(proxy, redis, reopen_scripts.RETRY_RUN)
+    await lose_next_reply(proxy, redis, Scripts(redis, Keys()).source("retry_run"))
     await gateway.retry_run(run_id, by="U1")
     assert proxy.lost == 1
     done = await h.gateway.wait(run_id, timeout=15)
@@ -226,9 +239,9 @@ async def test_a_failure_whose_reply_was_lost_still_cancels_the_sub_agent(
         fake_openai.script("refund 3 via billing", [call("billing", {"task": "refund order 3"})])
         fake_openai.script("refund order 3", [call("refund", {"order": 3})])
         run_id, child, gate_id, _cid = await paused_on_child(h, "refund 3 via billing")
-        fence = await take_lease(redis, h.keys.run(run_id))
+        fence = await take_lease(redis, h.keys, run_id)
         runner = Worker(lossy, desk, h.client, h.settings).runner
-        await lose_next_reply(proxy, redis, stopping.FAIL_RUN)
+        await lose_next_reply(proxy, redis, Scripts(redis, Keys()).source("fail_run"))
         assert await runner.fail(run_id, "the job kept crashing", fence) is True
         assert proxy.lost == 1
         sub = await h.gateway.get_run(child)

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import ConfigError, Decision, RunStatus, metrics, scripts
+from agent_core import ConfigError, Decision, Keys, RunStatus, metrics
+from agent_core.script_replies import Lease, LeaseStatus
+from agent_core.scripts import Scripts
 from agent_core.testing import FakeOpenAI, call, calls, reply
 from agent_core.worker import Worker
 from tests.agents import ops
@@ -133,20 +135,22 @@ async def test_gates_closed_by_a_cancel_or_a_failure_count_as_cancelled(
     failing = await h.gateway.start_run("fail it", requested_by="U1")
     await h.opened_gates(failing.run_id, 1)
     worker = h.workers[0][0]
-    lease = await take_lease(redis, h.keys.run(failing.run_id))
+    lease = await take_lease(redis, h.keys, failing.run_id)
     assert await worker.runner.fail(failing.run_id, "the test failed it", lease)
     after = await scrape(url)
     assert after.since(middle, "agw_gates_decided_total", outcome="cancelled") == 1
     assert after.since(before, "agw_gates_opened_total") == 3
 
 
-async def take_lease(redis: Redis, run_key: str, owner: str = "test", ms: int = 10_000) -> str:
+async def take_lease(
+    redis: Redis, keys: Keys, run_id: str, owner: str = "test", ms: int = 10_000
+) -> str:
     for _ in range(200):
-        res = await redis.eval(scripts.ACQUIRE_LEASE, 1, run_key, ms, owner)
-        if res[0] == "ok":
-            return str(res[1])
+        res = await Scripts(redis, keys).acquire_lease(run_id, lease_ms=ms, worker=owner)
+        if res.status is LeaseStatus.OK:
+            return res.fence
         await asyncio.sleep(0.02)
-    raise AssertionError(f"the lease of {run_key} was never free")
+    raise AssertionError(f"the lease of run {run_id} was never free")
 
 
 async def test_acquire_lease_names_the_owner_it_took_over_from(
@@ -154,25 +158,25 @@ async def test_acquire_lease_names_the_owner_it_took_over_from(
 ) -> None:
     h, _url = await metered(start=False)
     run = await h.gateway.start_run("nothing", requested_by="U1")
-    key = h.keys.run(run.run_id)
+    scripts = Scripts(redis, h.keys)
 
-    async def acquire(owner: str, ms: int = 100) -> list[str]:
-        res: list[str] = await redis.eval(scripts.ACQUIRE_LEASE, 1, key, ms, owner)
-        return res
+    async def acquire(owner: str, ms: int = 100) -> Lease:
+        return await scripts.acquire_lease(run.run_id, lease_ms=ms, worker=owner)
 
+    ok = LeaseStatus.OK
     first = await acquire("a")
-    assert first[0] == "ok" and first[2] == "", "a run never leased: no takeover"
-    assert (await acquire("b"))[0] == "busy"
-    await redis.eval(scripts.RELEASE_LEASE, 1, key, first[1])
+    assert first.status is ok and first.previous_owner == "", "a run never leased: no takeover"
+    assert (await acquire("b")).status is LeaseStatus.BUSY
+    await scripts.release_lease(run.run_id, first.fence)
     second = await acquire("b")
-    assert second[0] == "ok" and second[2] == "", "a released lease: no takeover"
+    assert second.status is ok and second.previous_owner == "", "a released lease: no takeover"
     await asyncio.sleep(0.15)
     third = await acquire("b")
-    assert third[0] == "ok" and third[2] == "", "its own lease, run out: no takeover"
+    assert third.status is ok and third.previous_owner == "", "its own lease, run out: no takeover"
     await asyncio.sleep(0.15)
     fourth = await acquire("c")
-    assert fourth[0] == "ok" and fourth[2] == "b", "b's lease ran out unreleased"
-    assert int(fourth[1]) == int(first[1]) + 3, "the fence goes on as before"
+    assert fourth.status is ok and fourth.previous_owner == "b", "b's lease ran out unreleased"
+    assert int(fourth.fence) == int(first.fence) + 3, "the fence goes on as before"
 
 
 async def test_a_run_taken_over_from_a_dead_worker_is_counted(
@@ -182,7 +186,7 @@ async def test_a_run_taken_over_from_a_dead_worker_is_counted(
     fake_openai.script("orphan", [reply("recovered")])
     run = await h.gateway.start_run("orphan", requested_by="U1")
     # A worker took the run's lease and died: nobody released it.
-    await redis.eval(scripts.ACQUIRE_LEASE, 1, h.keys.run(run.run_id), 300, "dead-worker")
+    await Scripts(redis, h.keys).acquire_lease(run.run_id, lease_ms=300, worker="dead-worker")
     before = Samples.parse((await metrics.render()).decode())
     await start_serving(h, url)
     done = await h.wait_finished(run.run_id)

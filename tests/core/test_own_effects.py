@@ -19,7 +19,16 @@ from urllib.parse import urlsplit
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import Keys, RunStatus, create_redis, scripts, stopping
+from agent_core import Keys, RunStatus, create_redis
+from agent_core.script_replies import (
+    Cancelled,
+    CancelOutcome,
+    Claim,
+    ClaimOutcome,
+    DecideOutcome,
+    LeaseStatus,
+)
+from agent_core.scripts import Scripts
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
 from tests.agents import ops, read_journal
 from tests.core.conftest import core_settings
@@ -30,28 +39,32 @@ pytestmark = pytest.mark.timeout(60)
 
 
 async def paused_run_in_tools(h: Harness, redis: Redis) -> tuple[str, str, str]:
-    """A run at turn 1 in phase `tools` with one ready call ``c1``, leased: (run key, turn
+    """A run at turn 1 in phase `tools` with one ready call ``c1``, leased: (run id, turn
     key, fence)."""
     run = await h.gateway.start_run("retries", requested_by="U1")
     k = h.keys
     rk, tk = k.run(run.run_id), k.turn(run.run_id, 1)
     await redis.hset(rk, mapping={"status": "running", "turn": 1, "phase": "tools"})
     await redis.hset(tk, mapping={"state:c1": "ready"})
-    res = await redis.eval(scripts.ACQUIRE_LEASE, 1, rk, 60_000, "w1")
-    assert res[0] == "ok"
-    return rk, tk, str(res[1])
+    res = await Scripts(redis, k).acquire_lease(run.run_id, lease_ms=60_000, worker="w1")
+    assert res.status is LeaseStatus.OK
+    return run.run_id, tk, res.fence
 
 
 async def test_a_claim_run_again_by_the_same_attempt_is_the_callers_own(
     observer: Harness, redis: Redis
 ) -> None:
-    rk, tk, fence = await paused_run_in_tools(observer, redis)
-    claim = (scripts.CLAIM_CALL, 2, rk, tk, fence, "1", "c1", "0")
-    assert await redis.eval(*claim, "attempt-a") == ["ok", "ready"]
+    rid, tk, fence = await paused_run_in_tools(observer, redis)
+    scripts = Scripts(redis, observer.keys)
+
+    async def claim(attempt: str) -> Claim:
+        return await scripts.claim_call(rid, 1, fence, "c1", idempotent=False, attempt=attempt)
+
+    assert await claim("attempt-a") == Claim(ClaimOutcome.OK, "ready")
     # The same attempt again (its first reply lost): the claim is its own.
-    assert await redis.eval(*claim, "attempt-a") == ["yours"]
+    assert await claim("attempt-a") == Claim(ClaimOutcome.YOURS)
     # Any other attempt finds the call claimed by someone who did not report: in doubt.
-    assert await redis.eval(*claim, "attempt-b") == ["no", "claimed"]
+    assert await claim("attempt-b") == Claim(ClaimOutcome.NO, "claimed")
     assert await redis.hget(tk, "state:c1") == "claimed"
 
 
@@ -73,8 +86,9 @@ async def test_a_claim_whose_reply_is_lost_runs_the_call_once_and_reports_it(
     worker runs the approved call (once) and the model gets its output, not "in doubt"."""
     fake_openai.script("lost claim", [call("delete_user", {"user_id": "7"}), reply("done")])
     # Loaded first, so that the claim that is applied is the one whose reply is lost.
-    sha = await redis.script_load(scripts.CLAIM_CALL)
-    assert sha == hashlib.sha1(scripts.CLAIM_CALL.encode()).hexdigest()
+    claim_call = Scripts(redis, Keys()).source("claim_call")
+    sha = await redis.script_load(claim_call)
+    assert sha == hashlib.sha1(claim_call.encode()).hexdigest()
     through_proxy = create_redis(lossy.url_for(redis_url))
     h = Harness(through_proxy, core_settings(lossy.url_for(redis_url), fake_openai.base_url), ops)
     h.start_worker()
@@ -102,83 +116,71 @@ async def test_every_script_a_retry_could_misreport_answers_as_its_first_run(
     """Lease, model turn, tools turn, decision, cancel, job: each run twice with the same
     identity, the second as if the first reply was lost."""
     k: Keys = observer.keys
+    scripts = Scripts(redis, k)
     run = await observer.gateway.start_run("twice", requested_by="U1")
     rid, shard = run.run_id, k.shard_of(run.run_id)
-    rk, events = k.run(rid), k.events(shard)
 
     # The lease: the same attempt gets its fence back, not "busy" until the lease runs out.
-    acquire = (scripts.ACQUIRE_LEASE, 2, rk, events, 60_000, "w1", "a", "", "lease-1")
-    first = await redis.eval(*acquire)
-    again = await redis.eval(*acquire)
-    assert first[:2] == again[:2] and first[0] == "ok", (first, again)
-    assert (await redis.eval(scripts.ACQUIRE_LEASE, 2, rk, events, 60_000, "w1", "a", "", "x"))[
-        0
-    ] == "busy"
-    fence = str(first[1])
+    async def acquire(attempt: str) -> tuple[LeaseStatus, str]:
+        res = await scripts.acquire_lease(
+            rid, lease_ms=60_000, worker="w1", begin_agent="a", attempt=attempt
+        )
+        return res.status, res.fence
+
+    first = await acquire("lease-1")
+    again = await acquire("lease-1")
+    assert first == again and first[0] is LeaseStatus.OK, (first, again)
+    assert (await acquire("x"))[0] is LeaseStatus.BUSY
+    fence = first[1]
 
     # A model turn recorded (then a turn closed): the retry gets the run back, not 0 (which
     # the runner reads as "cancelled meanwhile", leaving the run with nothing to move it).
-    record = (
-        scripts.RECORD_TURN,
-        7,
-        rk,
-        k.history(rid),
-        k.turn(rid, 1),
-        events,
-        k.finished(shard),
-        k.active(shard),
-        k.run_inbox(rid),
-        fence,
-        "0",
-        json.dumps({"role": "assistant", "content": "", "tool_calls": []}),
-        "tools",
-        "",
-        "{}",
-        "1",
-        "order",
-        "[]",
-    )
-    assert isinstance(await redis.eval(*record), list)
-    again_record = await redis.eval(*record)
-    assert isinstance(again_record, list) and "tools" in again_record, again_record
+    async def record() -> dict[str, str] | None:
+        step = await scripts.record_turn(
+            {"run_id": rid},
+            0,
+            fence,
+            assistant=json.dumps({"role": "assistant", "content": "", "tool_calls": []}),
+            done=False,
+            final="",
+            completed="{}",
+            now="1",
+            fields=["order", "[]"],
+        )
+        assert not step.lost
+        return step.run
+
+    assert await record() is not None
+    again_record = await record()
+    assert again_record is not None and again_record["phase"] == "tools", again_record
     assert await redis.llen(k.history(rid)) == 2, "the assistant message once"
-    finish = (scripts.FINISH_TURN, 2, rk, k.history(rid), fence, "1", "2")
-    assert isinstance(await redis.eval(*finish), list)
-    again_finish = await redis.eval(*finish)
-    assert isinstance(again_finish, list) and "model" in again_finish, again_finish
+
+    async def finish() -> dict[str, str] | None:
+        step = await scripts.finish_turn(rid, 1, fence, "2", [], read=False)
+        assert not step.lost
+        return step.run
+
+    assert await finish() is not None
+    again_finish = await finish()
+    assert again_finish is not None and again_finish["phase"] == "model", again_finish
 
     # The job finished and the lease released: a retry is done too, not "lease lost".
     jobs = k.jobs(shard)
     await redis.xgroup_create(jobs, "workers", id="0", mkstream=True)
     job_id = await redis.xadd(jobs, {"type": "start", "run_id": rid})
     await redis.xreadgroup("workers", "w1", {jobs: ">"})
-    finish_job = (scripts.FINISH_JOB, 2, jobs, rk, "workers", job_id, fence)
-    assert await redis.eval(*finish_job) == 1
-    assert await redis.eval(*finish_job) == 1
+    assert await scripts.finish_job(jobs, "workers", job_id, rid, fence) is True
+    assert await scripts.finish_job(jobs, "workers", job_id, rid, fence) is True
 
     # A cancel: the retry is told it cancelled, not that the run had "already cancelled".
-    cancel = (
-        stopping.CANCEL_RUN,
-        10,
-        rk,
-        k.deadlines(shard),
-        events,
-        k.run_gates(rid),
-        k.finished(shard),
-        k.active(shard),
-        k.turn(rid, 1),
-        rk,
-        rk,
-        jobs,
-        "U1",
-        "",
-        rid,
-        "1",
-        "",
-    )
-    assert await redis.eval(*cancel, "cancel-1") == ["cancelled"]
-    assert await redis.eval(*cancel, "cancel-1") == ["cancelled"]
-    assert await redis.eval(*cancel, "cancel-2") == ["finished", "cancelled"]
+    async def cancel(attempt: str) -> Cancelled:
+        return await scripts.cancel_run(
+            rid, {}, 1, [], by="U1", reason="", told="", attempt=attempt
+        )
+
+    assert await cancel("cancel-1") == Cancelled(CancelOutcome.CANCELLED)
+    assert await cancel("cancel-1") == Cancelled(CancelOutcome.CANCELLED)
+    assert await cancel("cancel-2") == Cancelled(CancelOutcome.FINISHED, "cancelled")
 
 
 async def test_a_decision_run_again_by_the_same_attempt_is_told_it_decided(
@@ -187,14 +189,20 @@ async def test_a_decision_run_again_by_the_same_attempt_is_told_it_decided(
     fake_openai.script("decide twice", [call("delete_user", {"user_id": "3"}), reply("ok")])
     run = await harness.gateway.start_run("decide twice", requested_by="U1")
     [opened] = await harness.opened_gates(run.run_id, 1)
-    gid, k = opened.data["gate_id"], harness.keys
-    shard = k.shard_of(gid)
-    keys = (k.gate(gid), k.run(run.run_id), k.deadlines(shard), k.jobs(shard), k.events(shard))
-    decide = (scripts.DECIDE_GATE, 5, *keys, gid, "approved", "U2", "")
-    first = await redis.eval(*decide, "click-1", run.run_id, "")
-    again = await redis.eval(*decide, "click-1", run.run_id, "")
-    other = await redis.eval(*decide, "click-2", run.run_id, "")
-    assert (first[0], again[0], other[0]) == ("applied", "applied", "decided")
+    gid, scripts = opened.data["gate_id"], Scripts(redis, harness.keys)
+
+    async def decide(attempt: str) -> DecideOutcome:
+        res = await scripts.decide_gate(
+            gid, run.run_id, "approved", by="U2", reason="", attempt=attempt, seen_hash=""
+        )
+        return res.outcome
+
+    first, again, other = await decide("click-1"), await decide("click-1"), await decide("click-2")
+    assert (first, again, other) == (
+        DecideOutcome.APPLIED,
+        DecideOutcome.APPLIED,
+        DecideOutcome.DECIDED,
+    )
     decided = [
         e
         for e in await harness.events()
@@ -210,17 +218,21 @@ async def test_a_lease_that_ran_out_with_no_one_taking_over_is_taken_up_again(
     """A worker cut off from Redis for longer than its lease (its master failing over) finds
     its lease run out but its fence still current: its renewal takes it up again and its
     writes land. Once another worker has taken the run over, neither does."""
-    rk, tk, _ = await paused_run_in_tools(observer, redis)
-    await redis.eval(scripts.RELEASE_LEASE, 1, rk, await redis.hget(rk, "fence"))
-    res = await redis.eval(scripts.ACQUIRE_LEASE, 1, rk, 50, "w1")
-    fence = str(res[1])
+    rid, _, _ = await paused_run_in_tools(observer, redis)
+    scripts, rk = Scripts(redis, observer.keys), observer.keys.run(rid)
+    await scripts.release_lease(rid, await redis.hget(rk, "fence"))
+    res = await scripts.acquire_lease(rid, lease_ms=50, worker="w1")
+    fence = res.fence
     await asyncio.sleep(0.1)  # the lease runs out; nobody takes the run over
-    assert await redis.eval(scripts.RENEW_LEASE, 1, rk, fence, 60_000) == 1
-    claim = (scripts.CLAIM_CALL, 2, rk, tk, fence, "1", "c1", "0", "a1")
-    assert await redis.eval(*claim) == ["ok", "ready"]
+    assert await scripts.renew_lease(rid, fence, 60_000) is True
+
+    async def claim(attempt: str) -> Claim:
+        return await scripts.claim_call(rid, 1, fence, "c1", idempotent=False, attempt=attempt)
+
+    assert await claim("a1") == Claim(ClaimOutcome.OK, "ready")
     # Run out again, and taken over this time: the old holder is refused from then on.
     await redis.hset(rk, "lease_until", "1")
-    taken = await redis.eval(scripts.ACQUIRE_LEASE, 1, rk, 60_000, "w2")
-    assert taken[0] == "ok" and taken[2] == "w1"
-    assert await redis.eval(scripts.RENEW_LEASE, 1, rk, fence, 60_000) == 0
-    assert await redis.eval(*claim[:-1], "a2") == ["lost"]
+    taken = await scripts.acquire_lease(rid, lease_ms=60_000, worker="w2")
+    assert taken.status is LeaseStatus.OK and taken.previous_owner == "w1"
+    assert await scripts.renew_lease(rid, fence, 60_000) is False
+    assert await claim("a2") == Claim(ClaimOutcome.LOST)

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import ArgsHashMismatch, GateStatus, LeaseLost, RunStatus, scripts
+from agent_core import ArgsHashMismatch, GateStatus, Keys, LeaseLost, RunStatus
 from agent_core.runner import args_hash
+from agent_core.script_replies import LeaseStatus
+from agent_core.scripts import Scripts
 from agent_core.testing import FakeOpenAI, call, calls, raw_response, reply, tool_messages
 from tests.agents import read_journal, strict
 from tests.core.conftest import core_settings
@@ -37,14 +39,14 @@ async def strict_harness(
         await h.close()
 
 
-async def take_lease(redis: Redis, run_key: str, owner: str = "test") -> str:
+async def take_lease(redis: Redis, keys: Keys, run_id: str, owner: str = "test") -> str:
     """Take the run's lease as a worker does, once the worker that paused it let it go."""
     for _ in range(200):
-        res = await redis.eval(scripts.ACQUIRE_LEASE, 1, run_key, 10_000, owner)
-        if res[0] == "ok":
-            return str(res[1])
+        res = await Scripts(redis, keys).acquire_lease(run_id, lease_ms=10_000, worker=owner)
+        if res.status is LeaseStatus.OK:
+            return res.fence
         await asyncio.sleep(0.02)
-    raise AssertionError(f"the lease of {run_key} was never free")
+    raise AssertionError(f"the lease of run {run_id} was never free")
 
 
 def tool_texts(messages: list[dict[str, Any]]) -> list[str]:
@@ -169,7 +171,7 @@ async def test_a_failed_run_closes_its_pending_gates(
     [opened] = await h.opened_gates(run.run_id, 1)
     gid = opened.data["gate_id"]
     worker, _ = h.workers[0]
-    fence = await take_lease(redis, h.keys.run(run.run_id))
+    fence = await take_lease(redis, h.keys, run.run_id)
     assert await worker.runner.fail(run.run_id, "the model endpoint is gone", fence)
     gate = await h.gateway.get_gate(gid)
     assert gate is not None
@@ -190,9 +192,9 @@ async def test_only_the_lease_holder_can_fail_a_run(
     run = await h.gateway.start_run("hold", requested_by="U1")
     await h.opened_gates(run.run_id, 1)
     worker, _ = h.workers[0]
-    stale = await take_lease(redis, h.keys.run(run.run_id), "a")
+    stale = await take_lease(redis, h.keys, run.run_id, "a")
     await redis.hset(h.keys.run(run.run_id), "lease_until", "0")  # its lease ran out
-    await take_lease(redis, h.keys.run(run.run_id), "b")
+    await take_lease(redis, h.keys, run.run_id, "b")
     with pytest.raises(LeaseLost):
         await worker.runner.fail(run.run_id, "stale", stale)
     assert await h.status(run.run_id) is RunStatus.AWAITING_APPROVAL
@@ -316,23 +318,16 @@ async def test_a_script_with_bad_input_writes_nothing(observer: Harness, redis: 
     before = await redis.hgetall(k.run(run.run_id))
     with pytest.raises(Exception, match="bad arguments"):
         # An odd number of turn-hash values: refused before the first write.
-        await redis.eval(
-            scripts.RECORD_TURN,
-            6,
-            k.run(run.run_id),
-            k.history(run.run_id),
-            k.turn(run.run_id, 1),
-            k.events(k.shard_of(run.run_id)),
-            k.finished(k.shard_of(run.run_id)),
-            k.active(k.shard_of(run.run_id)),
+        await Scripts(redis, k).record_turn(
+            {"run_id": run.run_id},
+            0,
             "1",
-            "0",
-            "{}",
-            "tools",
-            "",
-            "{}",
-            "1",
-            "lonely field",
+            assistant="{}",
+            done=False,
+            final="",
+            completed="{}",
+            now="1",
+            fields=["lonely field"],
         )
     assert await redis.hgetall(k.run(run.run_id)) == before
     assert await redis.llen(k.history(run.run_id)) == 1

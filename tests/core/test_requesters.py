@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import Agent, ContinueOutcome, scripts
+from agent_core import Agent, ContinueOutcome
+from agent_core.scripts import Scripts
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
 from tests.agents import desk, read_journal, ruled
 from tests.core.harness import Harness
@@ -99,9 +100,9 @@ async def test_a_run_stored_before_requesters_existed_gets_them_from_its_history
     await redis.hset(k.authors(rid), "1", "U2")
     await redis.hset(k.run(rid), mapping={"status": "running"})
     assert await gw.continue_run(rid, "and this", by="U3") is ContinueOutcome.QUEUED
-    res = await redis.eval(scripts.ACQUIRE_LEASE, 1, k.run(rid), 5000, "test")
-    read_keys = [k.run(rid), k.history(rid), k.authors(rid), k.run_inbox(rid)]
-    await redis.eval(scripts.READ_FOR_MODEL, 4, *read_keys, str(res[1]))
+    scripts = Scripts(redis, k)
+    res = await scripts.acquire_lease(rid, lease_ms=5000, worker="test")
+    await scripts.read_for_model(rid, res.fence)
     assert json.loads(await redis.hget(k.run(rid), "requesters")) == ["U1", "U2", "U3"]
     again = await gw.get_run(rid)
     assert again is not None and again.requesters == ["U1", "U2", "U3"]

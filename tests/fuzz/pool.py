@@ -17,8 +17,9 @@ from typing import Any
 from redis.asyncio import Redis
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent_core import Gateway, scripts
+from agent_core import Gateway
 from agent_core.runner import Runner
+from agent_core.scripts import Scripts
 from tests.agents import ops
 from tests.bot.conftest import APPROVER, APPROVER2, CHANNEL, GROUP_MEMBER, REQUESTER, BotHarness
 
@@ -103,11 +104,11 @@ class GatePool:
             k.turn(run.run_id, 1), mapping={f"state:{c['id']}": "needs_gate" for c in calls}
         )
         # Opened as a worker opens them: under the run's lease, then the lease is released.
-        rk = k.run(run.run_id)
-        lease = await self.redis.eval(scripts.ACQUIRE_LEASE, 1, rk, 60_000, "pool")
-        fields = await self.redis.hgetall(rk)
-        await self._runner._open_gates(fields, 1, calls, str(lease[1]))
-        await self.redis.eval(scripts.RELEASE_LEASE, 1, rk, str(lease[1]))
+        scripts = Scripts(self.redis, k)
+        lease = await scripts.acquire_lease(run.run_id, lease_ms=60_000, worker="pool")
+        fields = await self.redis.hgetall(k.run(run.run_id))
+        await self._runner._open_gates(fields, 1, calls, lease.fence)
+        await scripts.release_lease(run.run_id, lease.fence)
         self.gates += [PoolGate(c["gate_id"], run.run_id, REQUESTER) for c in calls]
         return run.run_id
 

@@ -1,0 +1,66 @@
+-- DECIDE_GATE: move a gate out of `pending`, exactly once. Gateway.decide_many calls it once
+-- per gate: each gate is decided atomically, and only the last pending gate's decision
+-- resumes the run. A person's decision that arrives after the deadline becomes `expired`:
+-- the card said so. A retry of the attempt that decided (its reply lost) is told `applied`
+-- again, not that it was decided already (by itself), and writes the attempt again (a WAIT
+-- after it covers it).
+-- KEYS: gate_key, run_key, deadlines_key, jobs_key, events_key
+-- ARGV: gate_id, status (approved|denied|expired), by, reason, attempt (the decider's
+--   attempt id, '' for none: made once, kept across retries), run_id (must match the
+--   gate's), seen_hash (the arguments hash the decider saw; '' when not given: the gate's
+--   own)
+-- Returns: {outcome, gate hash as a flat list}; outcome is applied | decided (someone else
+--   was first) | missing | not_due (expiry asked too early) | mismatch (seen_hash is not
+--   the gate's: nothing decided); the last three carry no hash.
+local gate_key, run_key, deadlines_key, jobs_key, events_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local gate_id, wanted, decider, why, attempt, run_id, seen_hash =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local st = redis.call('HGET', gate_key, 'status')
+if not st or redis.call('HGET', gate_key, 'run_id') ~= run_id then return {'missing'} end
+if st ~= 'pending' then
+  if attempt ~= '' and redis.call('HGET', gate_key, 'decided_attempt') == attempt then
+    redis.call('HSET', gate_key, 'decided_attempt', attempt)
+    return {'applied', redis.call('HGETALL', gate_key)}
+  end
+  return {'decided', redis.call('HGETALL', gate_key)}
+end
+local ahash = redis.call('HGET', gate_key, 'args_hash')
+if seen_hash ~= '' and seen_hash ~= ahash then return {'mismatch'} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local status, by, reason = wanted, decider, why
+local deadline = tonumber(redis.call('HGET', gate_key, 'deadline'))
+if status == 'expired' then
+  if now < deadline then return {'not_due'} end
+  by = ''
+  reason = ''
+elseif now >= deadline then
+  status = 'expired'
+  by = ''
+  reason = ''
+end
+local nowstr = string.format('%.6f', now)
+local seen = ''
+if status == 'approved' or status == 'denied' then
+  seen = seen_hash ~= '' and seen_hash or ahash
+end
+redis.call('HSET', gate_key, 'status', status, 'decided_by', by, 'reason', reason,
+  'decided_at', nowstr, 'decided_hash', seen, 'decided_attempt', attempt)
+redis.call('ZREM', deadlines_key, gate_id)
+local g = redis.call('HMGET', gate_key, 'tool', 'turn', 'call_id')
+local origin = redis.call('HGET', run_key, 'origin') or '{}'
+local data = '{"gate_id":' .. cjson.encode(gate_id) .. ',"run_id":' .. cjson.encode(run_id)
+  .. ',"call_id":' .. cjson.encode(g[3]) .. ',"tool":' .. cjson.encode(g[1])
+  .. ',"status":' .. cjson.encode(status) .. ',"by":' .. cjson.encode(by)
+  .. ',"reason":' .. cjson.encode(reason) .. ',"decided_at":' .. nowstr
+  .. ',"origin":' .. origin .. '}'
+redis.call('XADD', events_key, '*', 'type', 'gate.decided', 'run_id', run_id, 'data', data)
+local pending = redis.call('HINCRBY', run_key, 'pending', -1)
+local rs = redis.call('HGET', run_key, 'status')
+-- An extra resume job is harmless (it finds nothing to do); a missing one hangs the run.
+if pending <= 0 and (rs == 'awaiting_approval' or rs == 'running')
+  and tonumber(redis.call('HGET', run_key, 'children_pending') or '0') <= 0 then
+  redis.call('XADD', jobs_key, '*', 'type', 'resume', 'run_id', run_id, 'turn', g[2])
+end
+return {'applied', redis.call('HGETALL', gate_key)}

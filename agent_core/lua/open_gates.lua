@@ -1,0 +1,86 @@
+-- OPEN_GATES: open the gates of a turn and pause the run. Deadlines are taken on the Redis
+-- clock, the same clock DECIDE_GATE compares them with. All or nothing: a gate that already
+-- exists or a call that no longer needs one means the caller's view is stale, and nothing
+-- is written. A gate an approver rule decided (agent_core.approvers) is opened decided, with
+-- both its events; when every gate of the turn is decided so, the run does not pause.
+-- KEYS: run_key, turn_key, deadlines_key, events_key, run_gates_key, then one gate hash per
+--   gate, in ARGV order
+-- ARGV: fence, turn (guard), then per gate 5 values: gate id, timeout in seconds, gate
+--   fields (flat JSON object of strings, among them `index`: the call's position in the
+--   turn, by which gates are listed, and `status`), gate.opened event data JSON without its
+--   closing brace (created_at and deadline are appended here), gate.decided event data JSON
+--   without its closing brace (decided_at is appended) or '' for a gate left to a person
+-- Returns: 'ok' (paused) | 'decided' (no gate left to a person: go on) | 'lost' | 'stopped'
+--   (not running at that turn) | 'stale' as status replies. A retry after this fence opened
+--   that turn's gates (the first reply lost) gets the first run's answer again.
+local run_key, turn_key, deadlines_key, events_key, run_gates_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local fence, turn = ARGV[1], ARGV[2]
+--!include clock.lua
+--!include lease.lua
+--!include steps.lua
+local n = (#ARGV - 2) / 5
+if n < 1 or n ~= math.floor(n) or #KEYS ~= 5 + n then
+  return redis.error_reply('OPEN_GATES: bad arguments')
+end
+if not holds(run_key, fence) then return {ok = 'lost'} end
+if step_done(run_key, fence, 'open:' .. turn) then
+  -- Paused (awaiting approval) unless every gate was decided by a rule.
+  local st = redis.call('HGET', run_key, 'status')
+  return {ok = (st == 'awaiting_approval') and 'ok' or 'decided'}
+end
+if redis.call('HGET', run_key, 'status') ~= 'running'
+  or redis.call('HGET', run_key, 'turn') ~= turn then
+  return {ok = 'stopped'}
+end
+local all = {}
+for i = 1, n do
+  local base = 2 + (i - 1) * 5
+  local fields = cjson.decode(ARGV[base + 3])
+  if redis.call('EXISTS', KEYS[5 + i]) == 1
+    or redis.call('HGET', turn_key, 'state:' .. fields['call_id']) ~= 'needs_gate' then
+    return {ok = 'stale'}
+  end
+  all[i] = fields
+end
+local tnow = now()
+local nowstr = string.format('%.6f', tnow)
+local run_id = redis.call('HGET', run_key, 'run_id')
+local pending = 0
+done_step(run_key, fence, 'open:' .. turn)
+for i = 1, n do
+  local base = 2 + (i - 1) * 5
+  local gate_key = KEYS[5 + i]
+  local gid = ARGV[base + 1]
+  local decided = ARGV[base + 5] ~= ''
+  local deadline = string.format('%.6f', tnow + tonumber(ARGV[base + 2]))
+  local fields = all[i]
+  local flat = {'created_at', nowstr, 'deadline', deadline}
+  if decided then
+    flat[#flat + 1] = 'decided_at'
+    flat[#flat + 1] = nowstr
+  end
+  for k, v in pairs(fields) do
+    flat[#flat + 1] = k
+    flat[#flat + 1] = v
+  end
+  redis.call('HSET', gate_key, unpack(flat))
+  if not decided then
+    redis.call('ZADD', deadlines_key, deadline, gid)
+    pending = pending + 1
+  end
+  redis.call('SADD', run_gates_key, gid)
+  redis.call('HSET', turn_key, 'state:' .. fields['call_id'], 'gated', 'gate:' .. fields['call_id'], gid)
+  redis.call('XADD', events_key, '*', 'type', 'gate.opened', 'run_id', run_id, 'data',
+    ARGV[base + 4] .. ',"created_at":' .. nowstr .. ',"deadline":' .. deadline .. '}')
+  if decided then
+    redis.call('XADD', events_key, '*', 'type', 'gate.decided', 'run_id', run_id, 'data',
+      ARGV[base + 5] .. ',"decided_at":' .. nowstr .. '}')
+  end
+end
+if pending == 0 then
+  redis.call('HSET', run_key, 'updated_at', nowstr)
+  return {ok = 'decided'}
+end
+redis.call('HSET', run_key, 'status', 'awaiting_approval', 'pending', pending, 'updated_at', nowstr)
+return {ok = 'ok'}

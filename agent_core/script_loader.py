@@ -1,0 +1,87 @@
+"""Loading the Lua scripts: each a ``.lua`` file of a package's ``lua/`` folder, read with
+:mod:`importlib.resources` (so they work from an installed wheel, where they are package
+data).
+
+A line ``--!include NAME.lua`` is replaced by ``lua/include/NAME.lua`` (of the same package,
+else of ``agent_core``), itself resolved the same way; a file is included once per script,
+at its first mention, so helpers that need one another include it themselves. Full-line
+comments (the KEYS/ARGV/returns headers, notes) are left out of what Redis receives.
+
+:class:`ScriptSet` is the mechanism the registries (:class:`agent_core.scripts.Scripts`,
+``bot.lock_scripts.BotScripts``) share: it registers a script with the client on first use
+(``register_script``: EVALSHA, loading the script on NOSCRIPT; the cluster client's own
+version falls back to EVAL, see :mod:`agent_core.cluster_client`).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+_INCLUDE = re.compile(r"^--!include\s+([A-Za-z0-9_]+\.lua)\s*$")
+_COMMENT = re.compile(r"^\s*--(?!!include)")
+
+
+def _read(package: str, *parts: str) -> str | None:
+    node = resources.files(package).joinpath("lua", *parts)
+    return node.read_text(encoding="utf-8") if node.is_file() else None
+
+
+def _include(package: str, name: str) -> str:
+    for owner in dict.fromkeys((package, "agent_core")):
+        text = _read(owner, "include", name)
+        if text is not None:
+            return text
+    raise FileNotFoundError(f"lua include {name!r} (for {package}) not found")
+
+
+def _resolve(package: str, text: str, seen: set[str], origin: str) -> list[str]:
+    out: list[str] = []
+    for line in text.splitlines():
+        m = _INCLUDE.match(line)
+        if m:
+            name = m.group(1)
+            if name not in seen:
+                seen.add(name)
+                out += _resolve(package, _include(package, name), seen, name)
+            continue
+        if line.startswith("--!"):
+            raise ValueError(f"{origin}: unknown directive {line!r}")
+        if _COMMENT.match(line) or not line.strip():
+            continue
+        out.append(line)
+    return out
+
+
+@functools.cache
+def source(package: str, name: str) -> str:
+    """The text sent to Redis for script ``name`` of ``package`` (includes resolved)."""
+    text = _read(package, f"{name}.lua")
+    if text is None:
+        raise FileNotFoundError(f"lua script {name!r} of {package} not found")
+    return "\n".join(_resolve(package, text, set(), f"{name}.lua")) + "\n"
+
+
+class ScriptSet:
+    """The scripts of ``package`` registered with one client, each on first use."""
+
+    package = "agent_core"
+
+    def __init__(self, redis: Redis) -> None:
+        self.redis = redis
+        self._registered: dict[str, AsyncScript] = {}
+
+    def source(self, name: str) -> str:
+        """Script ``name``'s text, as Redis receives it."""
+        return source(self.package, name)
+
+    async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        script = self._registered.get(name)
+        if script is None:
+            script = self._registered[name] = self.redis.register_script(self.source(name))
+        return await script(keys=keys, args=args)

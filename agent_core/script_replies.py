@@ -1,0 +1,224 @@
+"""What the Lua scripts answer, typed: one enum or small dataclass per script (see
+:class:`agent_core.scripts.Scripts`, which turns each reply into these). No caller reads a
+script's reply by position."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+def pairs(flat: list[Any]) -> dict[str, str]:
+    """A hash returned by a script as a flat [field, value, ...] list, as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def text(reply: Any) -> str:
+    """A status or bulk reply as text (a client without decode_responses answers bytes)."""
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+@dataclass(frozen=True)
+class Began:
+    """BEGIN_RUN's answer (also taken with the lease by ACQUIRE_LEASE). ``status`` is the
+    run's status after the call, '' when the run does not exist, 'lost' when the lease is
+    no longer the caller's; ``run`` the run hash (None when the run stays paused, its gates
+    pending); ``turn`` the hash of the turn a resume job resumes, when read with the lease."""
+
+    status: str
+    run: dict[str, str] | None = None
+    turn: dict[str, str] | None = None
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> Began:
+        run = pairs(reply[1]) if len(reply) > 1 else None
+        turn = pairs(reply[2]) if len(reply) > 2 and reply[2] else None
+        return cls(text(reply[0]), run, turn)
+
+
+class LeaseStatus(str, Enum):
+    OK = "ok"
+    BUSY = "busy"  # another worker holds a live lease
+    MISSING = "missing"  # no such run
+
+
+@dataclass(frozen=True)
+class Lease:
+    """ACQUIRE_LEASE's answer: the fence when taken, the previous owner on a takeover ('' if
+    none), seconds left on the holder's lease when busy, and BEGIN_RUN's answer when taken
+    with ``begin``."""
+
+    status: LeaseStatus
+    fence: str = ""
+    previous_owner: str = ""
+    busy_for: float = 0.0
+    began: Began | None = None
+
+
+@dataclass(frozen=True)
+class ModelRead:
+    """READ_FOR_MODEL's answer: the lease as it stands, the run's turn and phase, the Redis
+    clock, and the history (each message's JSON, as stored)."""
+
+    fence: str
+    lease_until: float
+    turn: str
+    phase: str
+    now: str
+    history: list[str]
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> ModelRead:
+        fence, until, turn, phase, now, *history = reply
+        return cls(fence, float(until or 0), turn, phase, now, history)
+
+
+@dataclass(frozen=True)
+class Step:
+    """RECORD_TURN's and FINISH_TURN's answer: ``lost`` when the lease is not the caller's;
+    else the run hash as the step left it (None when the run is no longer at that step:
+    cancelled, or a replay), and with FINISH_TURN's read what the next model call reads."""
+
+    lost: bool = False
+    run: dict[str, str] | None = None
+    read: ModelRead | None = None
+
+
+class DecideOutcome(str, Enum):
+    APPLIED = "applied"
+    DECIDED = "decided"  # someone else was first
+    MISSING = "missing"
+    NOT_DUE = "not_due"  # an expiry asked too early
+    MISMATCH = "mismatch"  # the arguments hash the decider saw is not the gate's
+
+
+@dataclass(frozen=True)
+class Decision:
+    """DECIDE_GATE's answer: the outcome, and the gate hash (applied and decided only)."""
+
+    outcome: DecideOutcome
+    gate: dict[str, str] | None = None
+
+
+class ClaimOutcome(str, Enum):
+    OK = "ok"  # claimed now
+    NO = "no"  # not claimable (``state`` says why)
+    YOURS = "yours"  # this attempt's own earlier claim (its reply was lost)
+    LOST = "lost"
+    STOPPED = "stopped"  # the run is not running at that turn (``state``: its status)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """CLAIM_CALL's answer; ``state`` is the call's previous state (ok, no) or the run's
+    status (stopped)."""
+
+    outcome: ClaimOutcome
+    state: str = ""
+
+
+class CompleteOutcome(str, Enum):
+    OK = "ok"
+    LOST = "lost"
+    STALE = "stale"  # the call is not claimed: nothing written
+
+
+class SettleOutcome(str, Enum):
+    OK = "ok"
+    LOST = "lost"
+    STOPPED = "stopped"
+
+
+class OpenOutcome(str, Enum):
+    OK = "ok"  # paused
+    DECIDED = "decided"  # approver rules decided every gate: go on
+    LOST = "lost"
+    STOPPED = "stopped"
+    STALE = "stale"
+
+
+@dataclass(frozen=True)
+class GateToOpen:
+    """One gate for OPEN_GATES: its fields (a flat JSON object of strings) and its events'
+    data, each JSON without its closing brace (the script appends the times); ``decided``
+    is '' for a gate left to a person."""
+
+    gate_id: str
+    timeout: str
+    fields: str
+    opened: str
+    decided: str = ""
+
+
+class RepairOutcome(str, Enum):
+    REPAIRED = "repaired"
+    WAITING = "waiting"
+    BUSY = "busy"
+    RECENT = "recent"
+    FINISHED = "finished"
+    RETRY = "retry"
+    MISSING = "missing"
+
+
+class RetryOutcome(str, Enum):
+    QUEUED = "queued"
+    MISSING = "missing"
+    NOT_FAILED = "not_failed"
+    NOT_RETRYABLE = "not_retryable"
+    PARENT_MOVED_ON = "parent_moved_on"
+    RETRY = "retry"  # read the parent again
+
+
+class ContinueReply(str, Enum):
+    STARTED = "started"
+    QUEUED = "queued"
+    CANCELLED = "cancelled"
+    MISSING = "missing"
+    DUPLICATE = "duplicate"
+
+
+class SpawnOutcome(str, Enum):
+    SPAWNED = "spawned"
+    LOST = "lost"
+    STOPPED = "stopped"
+    STALE = "stale"
+
+
+class WaitOutcome(str, Enum):
+    WAITING = "waiting"
+    GO = "go"
+    ORPHANED = "orphaned"
+    LOST = "lost"
+    STOPPED = "stopped"
+
+
+class FailOutcome(str, Enum):
+    FAILED = "failed"
+    FINISHED = "finished"
+    LOST = "lost"
+    RETRY = "retry"
+    MISSING = "missing"
+
+
+class CancelOutcome(str, Enum):
+    CANCELLED = "cancelled"
+    FINISHED = "finished"
+    MISSING = "missing"
+    RETRY = "retry"
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """CANCEL_RUN's answer; ``status`` is the run's final status when already finished."""
+
+    outcome: CancelOutcome
+    status: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerRecords:
+    """READ_WORKERS' answer: the Redis clock and each worker's (name, record JSON)."""
+
+    now: str
+    records: list[tuple[str, str]] = field(default_factory=list)
