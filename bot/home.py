@@ -49,6 +49,7 @@ DECIDED_NS = "home-decided"  # per person and shard: gate id → when they decid
 NOTICE_NS = "home-notice"  # per person: what their last click on Home came to
 LEASE_NS = "home-lease"  # per person: held for PUBLISH_INTERVAL after each publish
 VIEWER_DAYS = 30
+DECISIONS_DAYS = 400  # a person's decisions record outlives its last write this long
 PENDING_PER_SHARD = 100
 PUBLISH_INTERVAL = 1.0
 NOTICE_SECONDS = 120
@@ -116,25 +117,28 @@ class HomeFeed:
         viewer who may decide the gate (and whoever decided it). Never raises."""
         if event.type not in (EventType.GATE_OPENED, EventType.GATE_DECIDED):
             return
+        data = event.data
+        gate_id = str(data.get("gate_id") or "")
         try:
-            gate = await self.gateway.get_gate(str(event.data.get("gate_id") or ""))
-            if gate is None or not _from_slack(gate):
-                return
-            due = set(await self._deciders(gate))
-            by = gate.decided_by
-            if event.type is EventType.GATE_DECIDED and _is_person(by) and by is not None:
-                await self._record_decision(by, gate)
+            due: set[str] = set()
+            by = data.get("by")
+            if event.type is EventType.GATE_DECIDED and isinstance(by, str) and _is_person(by):
+                await self._record_decision(by, gate_id, _float(data.get("decided_at")))
                 due.add(by)
+            viewers = await self._viewers()
+            gate = await self.gateway.get_gate(gate_id) if viewers else None
+            if gate is not None and _from_slack(gate):
+                due.update([u for u in viewers if await self._may(u, gate) is not None])
             self.touch(due)
         except Exception as exc:  # Home is best effort: the event's own work goes on
             log.warning("Home not refreshed for event %s: %s", event.id, type(exc).__name__)
 
-    async def _deciders(self, gate: Gate) -> list[str]:
+    async def _viewers(self) -> list[str]:
         now = time.time()
-        viewers = await self.redis.zrangebyscore(
+        found: list[str] = await self.redis.zrangebyscore(
             self._viewers_key(), now - VIEWER_DAYS * 86400, "+inf"
         )
-        return [u for u in viewers if await self._may(u, gate) is not None]
+        return found
 
     async def _may(self, user: str, gate: Gate) -> PendingItem | None:
         """What ``user`` may do with ``gate`` (as a card click would be judged), or None."""
@@ -146,12 +150,14 @@ class HomeFeed:
     def _decided_key(self, user: str, shard: int) -> str:
         return self.keys.ext(DECIDED_NS, user, shard)
 
-    async def _record_decision(self, user: str, gate: Gate) -> None:
-        key = self._decided_key(user, self.keys.shard_of(gate.gate_id))
-        async with self.redis.pipeline(transaction=True) as pipe:  # one key: one slot
-            pipe.zadd(key, {gate.gate_id: gate.decided_at or time.time()})
+    async def _record_decision(self, user: str, gate_id: str, at: float | None) -> None:
+        if not self.keys.owns(gate_id):
+            return
+        key = self._decided_key(user, self.keys.shard_of(gate_id))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {gate_id: at or time.time()})
             pipe.zremrangebyrank(key, 0, -(MAX_DECISIONS_SHOWN + 1))
-            pipe.expire(key, 400 * 86400)
+            pipe.expire(key, DECISIONS_DAYS * 86400)
             await pipe.execute()
 
     # --- reading ----------------------------------------------------------------------
@@ -297,6 +303,10 @@ class HomeFeed:
 def _from_slack(gate: Gate) -> bool:
     channel = gate.origin.get("channel")
     return isinstance(channel, str) and bool(channel)
+
+
+def _float(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _is_person(user: str | None) -> bool:

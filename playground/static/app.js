@@ -19,6 +19,7 @@ const S = {
   queue: [],
   dismissed: new Set(),
   modals: new Map(), // view_id → modal record, in opening order
+  home: false, // the app's Home tab is shown instead of the channel
 };
 
 // ----------------------------------------------------------------------------- HTTP
@@ -489,6 +490,64 @@ function closeAllViewsLocally() {
   for (const id of [...S.modals.keys()]) removeView(id);
 }
 
+// ----------------------------------------------------------------------------- App Home
+// The app's Home tab for the acting person: opening it tells the app (app_home_opened), and
+// each views.publish for them arrives as a "home" event.
+function renderHome(view) {
+  const box = $("home-blocks");
+  if (!view) {
+    box.replaceChildren(h("div", { class: "home-empty" }, "The app has not published a Home view for you yet."));
+    return;
+  }
+  box.replaceChildren(renderBlocks(view.blocks || [], {
+    surface: "home",
+    postAction: (a) => postAction({ type: "view", view_id: view.id }, a),
+    openUrl: openPermalink,
+  }));
+}
+
+// A link to a message of this workspace (chat.getPermalink) opens its thread here.
+function openPermalink(url) {
+  let u;
+  try {
+    u = new URL(url);
+  } catch {
+    return;
+  }
+  const m = u.pathname.match(/\/archives\/[^/]+\/p(\d+)(\d{6})$/);
+  if (!m) {
+    window.open(url, "_blank", "noopener,noreferrer");
+    return;
+  }
+  showChannel();
+  openThread(u.searchParams.get("thread_ts") || `${m[1]}.${m[2]}`);
+}
+
+async function showHome() {
+  S.home = true;
+  $("channel").hidden = true;
+  $("home").hidden = false;
+  $("side-home").classList.add("active");
+  $("side-channel").classList.remove("active");
+  const gen = S.gen;
+  let r;
+  try {
+    r = await api("/ui/home", { as: S.as });
+  } catch (err) {
+    notice("error", "Opening Home failed: " + err.message);
+    return;
+  }
+  if (gen === S.gen && S.home) renderHome(r.view);
+}
+
+function showChannel() {
+  S.home = false;
+  $("home").hidden = true;
+  $("channel").hidden = false;
+  $("side-home").classList.remove("active");
+  $("side-channel").classList.add("active");
+}
+
 // ----------------------------------------------------------------------------- live events
 function apply(type, data) {
   if (type === "message") upsertMessage(data);
@@ -511,6 +570,8 @@ function onEvent(type, raw) {
     if (data) removeView(data.view_id);
   } else if (type === "notice") {
     if (data) notice(data.level, data.text);
+  } else if (type === "home") {
+    if (data && data.user === S.as && S.home) renderHome(data.view);
   }
 }
 
@@ -519,7 +580,7 @@ function connect() {
   const es = new EventSource(`/ui/stream?as=${enc(S.as)}&token=${enc(TOKEN)}`);
   S.es = es;
   let opened = false;
-  for (const type of ["message", "delete", "view", "view_closed", "notice"]) {
+  for (const type of ["message", "delete", "view", "view_closed", "notice", "home"]) {
     es.addEventListener(type, (ev) => S.es === es && onEvent(type, ev.data));
   }
   // Every (re)connection reloads: events sent while we were away are lost.
@@ -633,6 +694,7 @@ function switchUser(id) {
   channel.clear();
   replies.clear();
   connect();
+  if (S.home) showHome();
 }
 
 function fillSidebar(st, refillComposerHint) {
@@ -716,8 +778,15 @@ async function start() {
   $("thread-close").addEventListener("click", closeThread);
   $("side-channel").addEventListener("click", (ev) => {
     ev.preventDefault();
+    showChannel();
     chScroll.toBottom();
   });
+  $("side-home").addEventListener("click", (ev) => {
+    ev.preventDefault();
+    showHome();
+  });
+  $("side-home-name").textContent = st.bot.name;
+  $("home-title").textContent = st.bot.name;
   document.addEventListener("keydown", (ev) => {
     if (ev.key !== "Escape" || !S.modals.size) return;
     ev.preventDefault();
