@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,11 +172,12 @@ async def tell(
     await ctx.publisher.tell(user_id, text, channel=channel, respond=respond)
 
 
-def home_clicked(ctx: BotContext, body: dict[str, Any]) -> None:
-    """After a click on Home (whatever came of it), show the clicker their Home again."""
+async def home_clicked(ctx: BotContext, body: dict[str, Any], since: float) -> None:
+    """After a click on Home at ``since`` (whatever came of it), show the clicker their Home
+    again, with what this click came to (not an earlier click's)."""
     user_id = _user_id(body)
     if ctx.home is not None and user_id and _channel(body) == HOME:
-        ctx.home.touch([user_id], force=True)
+        await ctx.home.clicked(user_id, since)
 
 
 class GateActions:
@@ -577,6 +579,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
     ) -> None:
         outcome = Outcome()
         user_id, channel = _user_id(body), _channel(body)
+        since = time.time()
         async with ctx.busy():
             task = asyncio.ensure_future(_guard(ctx, body, respond, work(outcome)))
             settled = await _settled_in_time(task, outcome)
@@ -585,7 +588,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
                 late = NOT_RECORDED_YET.format(what=what)
                 await say(user_id, late, channel=channel, respond=respond)
             await task
-            home_clicked(ctx, body)
+            await home_clicked(ctx, body, since)
             if not settled and outcome.applied and user_id:
                 now = RECORDED_NOW.format(what=what)
                 await say(user_id, now, channel=channel, respond=respond)
@@ -594,6 +597,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         ack: Any, body: dict[str, Any], work: Callable[[Outcome], Awaitable[None]]
     ) -> None:
         outcome = Outcome()
+        since = time.time()
         async with ctx.busy():
             task = asyncio.ensure_future(_guard(ctx, body, None, work(outcome)))
             settled = await _settled_in_time(task, outcome)
@@ -602,7 +606,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
             else:  # the form stays open, saying so
                 await ack(response_action="errors", errors={cards.REASON_BLOCK: NOT_RECORDED_FORM})
             await task
-            home_clicked(ctx, body)
+            await home_clicked(ctx, body, since)
             user_id = _user_id(body)
             if not settled and outcome.applied and user_id:
                 now = RECORDED_NOW.format(what="denial") + " You can close the form."
@@ -653,10 +657,11 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:
         await ack()
+        since = time.time()
         external = is_external(body, home_team(body, context))
         async with ctx.busy():
             await _guard(ctx, body, respond, actions.deny_clicked(body, respond, external=external))
-            home_clicked(ctx, body)
+            await home_clicked(ctx, body, since)
 
     @app.block_action(cards.ARGS_ACTION)
     @at_ack(ctx)

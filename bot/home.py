@@ -100,7 +100,17 @@ class HomeFeed:
 
     async def notify(self, user: str, text: str) -> None:
         """Show ``text`` at the top of ``user``'s Home (for NOTICE_SECONDS) and publish it."""
-        await self.redis.set(self.keys.ext(NOTICE_NS, user), text, ex=NOTICE_SECONDS)
+        notice = json.dumps({"text": text, "at": time.time()})
+        await self.redis.set(self.keys.ext(NOTICE_NS, user), notice, ex=NOTICE_SECONDS)
+        self.touch([user], force=True)
+
+    async def clicked(self, user: str, since: float) -> None:
+        """``user`` clicked on their Home at ``since``: publish it again, without a notice
+        older than that click (what an earlier click came to)."""
+        key = self.keys.ext(NOTICE_NS, user)
+        notice = _notice(await self.redis.get(key))
+        if notice is not None and notice[1] < since:
+            await self.redis.delete(key)
         self.touch([user], force=True)
 
     def touch(self, users: Iterable[str], *, force: bool = False) -> None:
@@ -213,8 +223,9 @@ class HomeFeed:
                 more += 1
                 continue
             items.append(PendingItem(gate, item.approve, await self._link(gate)))
-        notice = await self.redis.get(self.keys.ext(NOTICE_NS, user))
-        return home_view(items, await self.decisions(user), notice=notice, more=more)
+        notice = _notice(await self.redis.get(self.keys.ext(NOTICE_NS, user)))
+        decided = await self.decisions(user)
+        return home_view(items, decided, notice=notice[0] if notice else None, more=more)
 
     async def _link(self, gate: Gate) -> str | None:
         """The permalink of the gate's card (chat.getPermalink, once per process), if any."""
@@ -303,6 +314,15 @@ class HomeFeed:
 def _from_slack(gate: Gate) -> bool:
     channel = gate.origin.get("channel")
     return isinstance(channel, str) and bool(channel)
+
+
+def _notice(raw: str | None) -> tuple[str, float] | None:
+    """A stored notice: its text and when it was set."""
+    try:
+        data = json.loads(raw) if raw else None
+        return (str(data["text"]), float(data["at"])) if isinstance(data, dict) else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _float(value: object) -> float | None:

@@ -20,6 +20,7 @@ const S = {
   dismissed: new Set(),
   modals: new Map(), // view_id → modal record, in opening order
   home: false, // the app's Home tab is shown instead of the channel
+  homeEvents: 0, // "home" events received: a /ui/home answer older than one is stale
 };
 
 // ----------------------------------------------------------------------------- HTTP
@@ -530,6 +531,7 @@ async function showHome() {
   $("side-home").classList.add("active");
   $("side-channel").classList.remove("active");
   const gen = S.gen;
+  const seen = S.homeEvents;
   let r;
   try {
     r = await api("/ui/home", { as: S.as });
@@ -537,7 +539,8 @@ async function showHome() {
     notice("error", "Opening Home failed: " + err.message);
     return;
   }
-  if (gen === S.gen && S.home) renderHome(r.view);
+  // The app may publish (a "home" event) before this answer arrives: the event is newer.
+  if (gen === S.gen && S.home && seen === S.homeEvents) renderHome(r.view);
 }
 
 function showChannel() {
@@ -571,7 +574,10 @@ function onEvent(type, raw) {
   } else if (type === "notice") {
     if (data) notice(data.level, data.text);
   } else if (type === "home") {
-    if (data && data.user === S.as && S.home) renderHome(data.view);
+    if (data && data.user === S.as) {
+      S.homeEvents++;
+      if (S.home) renderHome(data.view);
+    }
   }
 }
 

@@ -248,6 +248,7 @@ async def test_home_clicks_follow_every_rule_a_card_click_follows(
     assert decided.decided_by == APPROVER and decided.reason == "not today"
     view = await home_shows(live, APPROVER, "Already denied by")
     assert "🚫 Denied" in text_of(view) and "not today" in text_of(view)
+    assert "do not match" not in text_of(view)  # an earlier click's notice is gone
     assert journal_lines(journal) == []
     assert not live.fake.calls_to("chat.postEphemeral")
 
