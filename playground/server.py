@@ -130,6 +130,7 @@ class Playground:
         app.router.add_post("/ui/view/submit", self._view_submit)
         app.router.add_post("/ui/view/close", self._view_close)
         app.router.add_post("/ui/home", self._home)
+        app.router.add_get("/ui/home", self._home_view)
         app.on_shutdown.append(self._shutdown)
         return app
 
@@ -567,6 +568,14 @@ class Playground:
                 event["view"] = view
             await self._deliver(user, event)
         return web.json_response({"ok": True, "view": view})
+
+    async def _home_view(self, request: web.Request) -> web.Response:
+        """The view published for the person so far (the page reloads it on reconnecting)."""
+        try:
+            user = self._as(request.query.get("as"))
+        except BadRequest as exc:
+            return _bad(str(exc))
+        return web.json_response({"ok": True, "view": await self.store.home(user)})
 
     async def _view_close(self, request: web.Request) -> web.Response:
         try:

@@ -342,6 +342,7 @@ async function loadOlder() {
 function reloadAll() {
   loadHistory();
   if (S.thread) loadThread();
+  if (S.home) loadHome(); // a view published before the stream opened is not sent on it
 }
 
 // ----------------------------------------------------------------------------- thread pane
@@ -524,17 +525,22 @@ function openPermalink(url) {
   openThread(u.searchParams.get("thread_ts") || `${m[1]}.${m[2]}`);
 }
 
-async function showHome() {
+function showHome() {
   S.home = true;
   $("channel").hidden = true;
   $("home").hidden = false;
   $("side-home").classList.add("active");
   $("side-channel").classList.remove("active");
+  loadHome(true);
+}
+
+// The person's Home view as published so far; ``opened``: they open the tab (the app is told).
+async function loadHome(opened = false) {
   const gen = S.gen;
   const seen = S.homeEvents;
   let r;
   try {
-    r = await api("/ui/home", { as: S.as });
+    r = opened ? await api("/ui/home", { as: S.as }) : await api(`/ui/home?as=${enc(S.as)}`);
   } catch (err) {
     notice("error", "Opening Home failed: " + err.message);
     return;

@@ -1028,6 +1028,10 @@ async def test_home_tab_for_the_acting_person(env: Env) -> None:
 
     status, shown = await env.post("/ui/home", {"as": AVERY})
     assert status == 200 and shown["view"]["blocks"] == published["blocks"]
+    received = len(env.bot.received)
+    assert await env.get("/ui/home", **{"as": AVERY}) == (200, shown)  # read only
+    assert await env.get("/ui/home", **{"as": RILEY}) == (200, {"ok": True, "view": None})
+    assert len(env.bot.received) == received
     assert env.bot.received[-1].envelope()["event"]["view"]["id"] == published["id"]
 
     container = {"type": "view", "view_id": published["id"]}
