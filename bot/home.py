@@ -6,6 +6,8 @@ Approve and Deny on Home are the card's own buttons (same action ids and values)
 there takes the card's path: the approver check, the refusal of every requester, the
 arguments hash, one decision per gate, the deny-reason form. What the card path would tell
 the clicker in the channel is shown at the top of their Home instead (:meth:`HomeFeed.notify`).
+The listing takes each viewer as a member of the app's workspace; a Slack Connect guest's
+click is judged as a card click is (``*`` covers them only with ALLOW_EXTERNAL_APPROVERS).
 
 Where it reads from, bounded and per shard (one key per command, so Redis Cluster is fine):
 the pending gates are each shard's deadlines (the soonest ``PENDING_PER_SHARD`` of each);

@@ -35,13 +35,14 @@ from tests.slack_fake import FakeSlack
 
 
 # --------------------------------------------------------------------------- helpers
-async def open_home(bot: BotHarness, user: str) -> None:
-    """``user`` opens the app's Home tab (Slack sends ``app_home_opened``)."""
+async def open_home(bot: BotHarness, user: str, tab: str = "home") -> None:
+    """``user`` opens the app's Home tab (Slack sends ``app_home_opened``; also for the
+    Messages tab, with ``tab`` "messages")."""
     event = {
         "type": "app_home_opened",
         "user": user,
         "channel": "D0" + user[2:],
-        "tab": "home",
+        "tab": tab,
         "event_ts": f"{time.time():.6f}",
     }
     resp = await send_event(bot, event)
@@ -120,6 +121,7 @@ async def status_of(bot: BotHarness, gate: Gate) -> GateStatus:
 async def test_home_lists_exactly_what_each_person_may_decide(
     live: BotHarness, fake_openai: FakeOpenAI
 ) -> None:
+    await open_home(live, APPROVER2, tab="messages")  # the Messages tab has no view
     for user in (APPROVER, GROUP_MEMBER, STRANGER, REQUESTER):
         await open_home(live, user)
         await home_shows(live, user, "Nothing waits for you")
@@ -150,6 +152,7 @@ async def test_home_lists_exactly_what_each_person_may_decide(
     assert "delete_user" not in text_of(stranger) and "Nothing waits for you" in text_of(stranger)
 
     # Opening Home publishes it for that person, with the pending gate.
+    assert await home(live, APPROVER2) is None
     await open_home(live, APPROVER2)
     assert buttons(await home_shows(live, APPROVER2, "delete_user"), gate.gate_id)
 
