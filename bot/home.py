@@ -86,6 +86,7 @@ class HomeFeed:
         self._links: dict[str, str] = {}  # gate id → permalink of its card
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._closed = False
 
     # --- who looks, and what changed --------------------------------------------------
     def _viewers_key(self) -> str:
@@ -119,7 +120,7 @@ class HomeFeed:
         """Mark ``users``' views as due for publishing (coalesced, see the module docstring)."""
         for user in users:
             self._due[user] = self._due.get(user, False) or force
-        if self._due:
+        if self._due and not self._closed:
             self._wake.set()
             if self._task is None or self._task.done():
                 self._task = asyncio.create_task(self._run(), name="home-feed")
@@ -306,6 +307,7 @@ class HomeFeed:
 
     async def close(self) -> None:
         """Stop publishing (views still due are left for the next change)."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
