@@ -9,7 +9,6 @@ Slack's views.publish.
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
 from pathlib import Path
@@ -175,10 +174,12 @@ async def test_a_burst_of_gates_costs_at_most_one_publish_per_person_per_second(
     published = [
         c.at for c in live.fake.calls_to("views.publish") if c.args.get("user_id") == APPROVER
     ]
-    # Six gate.opened events (and the opening of Home), far fewer publishes, a second apart.
+    # Six gate.opened events (and the opening of Home), far fewer publishes, a second apart:
+    # each takes a 1 s lease first; the answers' times differ from the leases' by how long
+    # rendering and Slack took (at most the first's and the last's count, hence the margin).
     assert len(published) <= 4, published
-    gaps = [b - a for a, b in itertools.pairwise(published)]
-    assert all(gap >= 0.9 for gap in gaps), gaps
+    span = published[-1] - published[0]
+    assert span >= (len(published) - 1) * 1.0 - 0.5, published
 
 
 # --------------------------------------------------------------------------- clicking
