@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from agent_core.models import Decision, Gate, GateStatus
 from . import cards
 from .acking import at_ack
 from .context import BotContext
+from .home import HOME
 from .publisher import slack_error
 
 log = logging.getLogger(__name__)
@@ -105,7 +107,16 @@ def _user_id(body: dict[str, Any]) -> str | None:
     return uid if isinstance(uid, str) and uid else None
 
 
+def from_home(body: dict[str, Any]) -> bool:
+    """A click on the App Home view (it carries no channel: the clicker is told on Home)."""
+    view = body.get("view")
+    return isinstance(view, dict) and view.get("type") == "home"
+
+
 def _channel(body: dict[str, Any]) -> str | None:
+    """Where the clicker can be told: the card's channel, or :data:`HOME`."""
+    if from_home(body):
+        return HOME
     for holder in (body.get("container"), body.get("channel")):
         if isinstance(holder, dict):
             c = holder.get("channel_id") or holder.get("id")
@@ -149,9 +160,34 @@ def is_external(body: dict[str, Any], home: str | None) -> bool:
     return not (isinstance(team, str) and team and home and team == home)
 
 
+async def tell(
+    ctx: BotContext, user_id: str, text: str, *, channel: str | None = None, respond: Any = None
+) -> None:
+    """Tell the clicker privately: ephemeral in the card's channel, or at the top of their
+    Home when they clicked there (``channel`` is :data:`HOME`)."""
+    if channel == HOME:
+        if ctx.home is not None:
+            await ctx.home.notify(user_id, text)
+        return
+    await ctx.publisher.tell(user_id, text, channel=channel, respond=respond)
+
+
+async def home_clicked(ctx: BotContext, body: dict[str, Any], since: float) -> None:
+    """After a click on Home at ``since`` (whatever came of it), show the clicker their Home
+    again, with what this click came to (not an earlier click's)."""
+    user_id = _user_id(body)
+    if ctx.home is not None and user_id and _channel(body) == HOME:
+        await ctx.home.clicked(user_id, since)
+
+
 class GateActions:
     def __init__(self, ctx: BotContext) -> None:
         self.ctx = ctx
+
+    async def _tell(
+        self, user_id: str, text: str, *, channel: str | None = None, respond: Any = None
+    ) -> None:
+        await tell(self.ctx, user_id, text, channel=channel, respond=respond)
 
     async def _load(
         self, body: dict[str, Any], respond: Any, *, approve: bool, external: bool
@@ -159,7 +195,7 @@ class GateActions:
         """The clicker, the gate and the hash on the button, if they may decide it now;
         otherwise tell them why."""
         user_id, value, channel = _user_id(body), _action_value(body), _channel(body)
-        tell = self.ctx.publisher.tell
+        tell = self._tell
         if user_id is None:
             log.warning("click without a user id ignored")
             return None
@@ -222,7 +258,7 @@ class GateActions:
             )
         except Exception as exc:
             log.warning("views.open failed: %s", slack_error(exc))
-            await self.ctx.publisher.tell(
+            await self._tell(
                 user_id,
                 "I could not open the deny form in time; nothing was decided. Click *Deny* again.",
                 channel=channel,
@@ -248,7 +284,7 @@ class GateActions:
         if not isinstance(clicked_hash, str) or not clicked_hash:
             clicked_hash = None  # a form opened before buttons carried the hash
         reason = _reason(view)
-        tell = self.ctx.publisher.tell
+        tell = self._tell
         gate = await self.ctx.gateway.get_gate(gate_id)
         if gate is None:
             await tell(user_id, UNKNOWN_GATE, channel=channel)
@@ -275,9 +311,7 @@ class GateActions:
         gate_id = cards.parse_button_value(value)[0] if value else None
         gate = await self.ctx.gateway.get_gate(gate_id) if gate_id else None
         if gate is None:
-            await self.ctx.publisher.tell(
-                user_id, UNKNOWN_GATE, channel=_channel(body), respond=respond
-            )
+            await self._tell(user_id, UNKNOWN_GATE, channel=_channel(body), respond=respond)
             return
         try:
             await self.ctx.client.views_open(
@@ -297,7 +331,7 @@ class GateActions:
         respond: Any,
         outcome: Outcome | None = None,
     ) -> None:
-        tell = self.ctx.publisher.tell
+        tell = self._tell
         try:
             result = await self.ctx.gateway.decide(
                 gate.gate_id,
@@ -342,7 +376,7 @@ class GateActions:
     ) -> list[Gate] | None:
         """The gates of the turn a button names (in call order), if the clicker may decide
         every pending one of them; otherwise tell them why and return None."""
-        tell = self.ctx.publisher.tell
+        tell = self._tell
         parsed = cards.parse_turn_value(value) if value else None
         gates = await self.ctx.publisher.turn_gates(*parsed[:2]) if parsed else []
         if parsed is None or len(gates) < 2 or cards.turn_digest(gates) != parsed[2]:
@@ -397,7 +431,7 @@ class GateActions:
             )
         except Exception as exc:
             log.warning("views.open failed: %s", slack_error(exc))
-            await self.ctx.publisher.tell(
+            await self._tell(
                 user_id,
                 "I could not open the deny form in time; nothing was decided. Click *Deny all* "
                 "again.",
@@ -437,7 +471,7 @@ class GateActions:
         outcome: Outcome,
     ) -> None:
         pending = [g.gate_id for g in gates if g.status is GateStatus.PENDING]
-        tell = self.ctx.publisher.tell
+        tell = self._tell
         try:
             results = await self.ctx.gateway.decide_many(pending, decision, user_id, reason)
         except GateNotFound:
@@ -510,7 +544,7 @@ async def _guard(
         log.error("handling a click failed: %s", type(exc).__name__)
         user_id = _user_id(body)
         if user_id:
-            await ctx.publisher.tell(user_id, UNAVAILABLE, channel=_channel(body), respond=respond)
+            await tell(ctx, user_id, UNAVAILABLE, channel=_channel(body), respond=respond)
 
 
 async def _settled_in_time(task: asyncio.Future[None], outcome: Outcome) -> bool:
@@ -525,7 +559,11 @@ async def _settled_in_time(task: asyncio.Future[None], outcome: Outcome) -> bool
 
 def register(app: AsyncApp, ctx: BotContext) -> None:
     actions = GateActions(ctx)
-    tell = ctx.publisher.tell
+
+    async def say(
+        user_id: str, text: str, *, channel: str | None = None, respond: Any = None
+    ) -> None:
+        await tell(ctx, user_id, text, channel=channel, respond=respond)
 
     # A decision is acknowledged once it is durable in Redis (one script, ~1 ms), so a web
     # process dying right after Slack showed the click as received cannot lose it. When Redis
@@ -541,22 +579,25 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
     ) -> None:
         outcome = Outcome()
         user_id, channel = _user_id(body), _channel(body)
+        since = time.time()
         async with ctx.busy():
             task = asyncio.ensure_future(_guard(ctx, body, respond, work(outcome)))
             settled = await _settled_in_time(task, outcome)
             await ack()
             if not settled and user_id:
                 late = NOT_RECORDED_YET.format(what=what)
-                await tell(user_id, late, channel=channel, respond=respond)
+                await say(user_id, late, channel=channel, respond=respond)
             await task
+            await home_clicked(ctx, body, since)
             if not settled and outcome.applied and user_id:
                 now = RECORDED_NOW.format(what=what)
-                await tell(user_id, now, channel=channel, respond=respond)
+                await say(user_id, now, channel=channel, respond=respond)
 
     async def submit_when_durable(
         ack: Any, body: dict[str, Any], work: Callable[[Outcome], Awaitable[None]]
     ) -> None:
         outcome = Outcome()
+        since = time.time()
         async with ctx.busy():
             task = asyncio.ensure_future(_guard(ctx, body, None, work(outcome)))
             settled = await _settled_in_time(task, outcome)
@@ -565,10 +606,11 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
             else:  # the form stays open, saying so
                 await ack(response_action="errors", errors={cards.REASON_BLOCK: NOT_RECORDED_FORM})
             await task
+            await home_clicked(ctx, body, since)
             user_id = _user_id(body)
             if not settled and outcome.applied and user_id:
                 now = RECORDED_NOW.format(what="denial") + " You can close the form."
-                await tell(user_id, now, channel=outcome.channel)
+                await say(user_id, now, channel=outcome.channel)
 
     @app.block_action(cards.APPROVE_ACTION)
     @at_ack(ctx)
@@ -615,9 +657,11 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:
         await ack()
+        since = time.time()
         external = is_external(body, home_team(body, context))
         async with ctx.busy():
             await _guard(ctx, body, respond, actions.deny_clicked(body, respond, external=external))
+            await home_clicked(ctx, body, since)
 
     @app.block_action(cards.ARGS_ACTION)
     @at_ack(ctx)
@@ -651,7 +695,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         user_id = _user_id(body)
         if user_id:
             async with ctx.busy():
-                await ctx.publisher.tell(
+                await say(
                     user_id,
                     "I don't know that button, so nothing happened.",
                     channel=_channel(body),

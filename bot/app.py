@@ -21,7 +21,16 @@ from slack_sdk.web.async_slack_response import AsyncSlackResponse
 from agent_core import metrics
 from agent_core.agent import Agent
 
-from . import actions, assistant, bolt_compat, commands, conversations, mentions, quiet
+from . import (
+    actions,
+    assistant,
+    bolt_compat,
+    commands,
+    conversations,
+    home_listeners,
+    mentions,
+    quiet,
+)
 from .context import BotContext, Redeliver
 from .ports import GatewayLike
 from .publisher import slack_error
@@ -112,6 +121,7 @@ def create_app(
         )
     commands.register(app, ctx)
     quiet.register(app)
+    home_listeners.register(app, ctx)  # before actions: its last listener takes any button
     actions.register(app, ctx)
     mentions.register(app, ctx)  # before conversations: its DM listener is checked first
     conversations.register(app, ctx)

@@ -16,6 +16,7 @@ from agent_core.keys import Keys
 
 from .approvers import Approvers
 from .directory import AgentDirectory
+from .home import HomeFeed
 from .ports import GatewayLike
 from .publisher import Publisher
 from .settings import BotSettings, parse_approvers
@@ -40,6 +41,8 @@ class BotContext:
     inflight: set[asyncio.Task[object]] = field(default_factory=set)
     agents: AgentDirectory = field(default_factory=AgentDirectory)
     """The agents ``/agent <name>`` picks from, and what the live workers serve."""
+    home: HomeFeed | None = None
+    """Publishes the approvers' App Home views (None: no Home)."""
 
     @contextlib.asynccontextmanager
     async def busy(self) -> AsyncIterator[None]:
@@ -102,6 +105,7 @@ class BotContext:
         )
         publisher = Publisher(gateway, store, client, settings.slash_command)
         ctx = cls(settings, gateway, client, store, approvers, publisher)
+        ctx.home = HomeFeed(gateway, store, approvers, client)
         if agents is not None:
             ctx.agents = agents
         return ctx

@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 from agent_core.models import Event, EventType, GateStatus
 
 from . import answers, assistant, cards
+from .home import HomeFeed
 from .ports import EventConsumerLike, GatewayLike
 from .publisher import Publisher, RateLimited, TransientSlackError, raising_rate_limits
 from .store import LockBusy, Store
@@ -68,8 +69,10 @@ class Notifier:
         batch: int = 50,
         block_ms: int = 1000,
         concurrency: int = 1,
+        home: HomeFeed | None = None,
     ) -> None:
-        """``concurrency`` (NOTIFIER_CONCURRENCY): events of different threads handled at
+        """``home``: the App Home views to refresh when a gate opens or is decided.
+        ``concurrency`` (NOTIFIER_CONCURRENCY): events of different threads handled at
         the same moment. One is the default: a click's own card is updated by its handler,
         and on a busy web process more notifier tasks took the event loop from the clicks
         (the Slack bench on 2 cores: ack p99 at 100 clicks/s 41 ms with 1, 64 with 4, 254
@@ -82,6 +85,7 @@ class Notifier:
         self.batch = batch
         self.block_ms = block_ms
         self.concurrency = concurrency
+        self.home = home
         self.handled = 0
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -312,6 +316,8 @@ class Notifier:
             await self._approved_calls_at_cancel(event.run_id, data)
         # After Slack shows the event: the app's post in a thread clears its status line.
         await assistant.show_status(self.publisher, event)
+        if self.home is not None:  # coalesced, best effort: never fails the event
+            await self.home.on_event(event)
 
     async def _shows(self, gate_id: str, status: object) -> bool:
         """Whether the gate's card was last updated to show ``status`` (a decision's click

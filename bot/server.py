@@ -217,6 +217,7 @@ class BotServer:
             consumer=notifier_consumer,
             block_ms=notifier_block_ms,
             concurrency=settings.notifier_concurrency,
+            home=self.context.home,
         )
         self.host = settings.web_host if host is None else host
         self.port = settings.port if port is None else port
@@ -341,6 +342,8 @@ class BotServer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._notifier_task
             self._notifier_task = None
+        if self.context.home is not None:
+            await self.context.home.close()
         if self._session is not None:
             self.client.session = None
             await self._session.close()

@@ -24,6 +24,7 @@ import html
 import logging
 import re
 import secrets
+import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -128,6 +129,8 @@ class Playground:
         app.router.add_post("/ui/action", self._action)
         app.router.add_post("/ui/view/submit", self._view_submit)
         app.router.add_post("/ui/view/close", self._view_close)
+        app.router.add_post("/ui/home", self._home)
+        app.router.add_get("/ui/home", self._home_view)
         app.on_shutdown.append(self._shutdown)
         return app
 
@@ -445,6 +448,9 @@ class Playground:
         if container.get("type") == "view":
             view_id = str(container.get("view_id") or "")
             found = await self.store.get_view(view_id)
+            home = await self.store.home(user) if found is None else None
+            if home is not None and home.get("id") == view_id:
+                found = (user, home)  # a click on the person's own Home tab
             if found is None or found[0] != user:
                 return _bad("no such open view")
             view = found[1]
@@ -539,6 +545,37 @@ class Playground:
         await self.store.drop_view(view_id)
         self.hub.publish("view_closed", {"view_id": view_id}, to=user)
         return web.json_response({"ok": True, "closed": True})
+
+    async def _home(self, request: web.Request) -> web.Response:
+        """The person opens the app's Home tab: Slack tells the app (``app_home_opened``, when
+        its manifest subscribes to it); the view published for them so far, if any, is shown
+        at once, and every later views.publish reaches the page as a ``home`` event."""
+        try:
+            body = await self._body(request)
+            user = self._as(body.get("as"))
+        except BadRequest as exc:
+            return _bad(str(exc))
+        view = await self.store.home(user)
+        if "app_home_opened" in self.info.bot_events:
+            event: dict[str, Any] = {
+                "type": "app_home_opened",
+                "user": user,
+                "channel": "D" + user[1:],
+                "tab": "home",
+                "event_ts": f"{time.time():.6f}",
+            }
+            if view is not None:
+                event["view"] = view
+            await self._deliver(user, event)
+        return web.json_response({"ok": True, "view": view})
+
+    async def _home_view(self, request: web.Request) -> web.Response:
+        """The view published for the person so far (the page reloads it on reconnecting)."""
+        try:
+            user = self._as(request.query.get("as"))
+        except BadRequest as exc:
+            return _bad(str(exc))
+        return web.json_response({"ok": True, "view": await self.store.home(user)})
 
     async def _view_close(self, request: web.Request) -> web.Response:
         try:

@@ -40,6 +40,7 @@ from .hub import Hub
 from .state import TRIGGER_USED, Message, State
 from .wire import (
     ASSISTANT_REQUIRED,
+    MAX_HOME_BYTES,
     MAX_MESSAGE_BLOCKS,
     MAX_PAGE,
     MAX_VIEW_BLOCKS,
@@ -81,16 +82,19 @@ class WebApi:
         hub: Hub | None = None,
         post_limit: PostRateLimit | None = None,
         validate_blocks: bool = True,
+        home_tab_enabled: bool = True,
     ) -> None:
         """``hub``: where the page hears of changes (none: nobody listens); ``post_limit``:
         limit chat.postMessage per channel as Slack does; ``validate_blocks`` False: take any
-        blocks (a benchmark's shortcut, never Slack's)."""
+        blocks (a benchmark's shortcut, never Slack's); ``home_tab_enabled`` False: the app's
+        manifest has no Home tab (views.publish answers ``not_enabled``)."""
         self.store = store
         self.workspace = workspace
         self.hub = hub or Hub()
         self.token = token
         self.post_limit = post_limit
         self.validate_blocks = validate_blocks
+        self.home_tab_enabled = home_tab_enabled
         self.base_url = ""  # http://127.0.0.1:PORT once listening (upload URLs point there)
 
     async def call(self, method: str, args: dict[str, Any], token: str | None) -> dict[str, Any]:
@@ -474,6 +478,52 @@ class WebApi:
         return {"ok": True, "view": view}
 
     _api_views_push = _api_views_open
+
+    # ------------------------------------------------------------------ App Home
+    async def _api_views_publish(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Publish a person's Home tab: a ``home`` view (at most 100 blocks, 250 kB), checked
+        against ``hash`` when given (``hash_conflict`` unless it is the current view's)."""
+        user = str(args.get("user_id") or "")
+        if not self.workspace.is_member(user):
+            return _fail("invalid_arguments", "invalid `user_id`")
+        if not self.home_tab_enabled:
+            return _fail("not_enabled", "the app's Home tab is not enabled (app_home)")
+        view = args.get("view")
+        if not isinstance(view, dict) or view.get("type") != "home":
+            return _fail("invalid_arguments", "views.publish takes a view of type home")
+        if len(json.dumps(view, ensure_ascii=False).encode()) > MAX_HOME_BYTES:
+            return _fail("view_too_large", "a Home view may be at most 250 kB")
+        for field, limit in (("private_metadata", 3000), ("callback_id", 255)):
+            if len(str(view.get(field) or "")) > limit:
+                return _fail("invalid_arguments", f"{field} is over {limit:,} characters")
+        error, detail = blocks_detail(view.get("blocks") or [], MAX_VIEW_BLOCKS, None)
+        if error:
+            return _fail(error, detail)
+        old = await self.store.home(user)
+        wanted = args.get("hash")
+        if wanted and (old is None or old.get("hash") != wanted):
+            return _fail("hash_conflict", "the Home view changed since that hash")
+        view_id = str(old["id"]) if old else "V" + secrets.token_hex(5).upper()
+        full = self.full_view(
+            view_id, {**view, "blocks": with_block_ids(list(view.get("blocks") or []))}
+        )
+        await self.store.save_home(user, full)
+        self.hub.publish("home", {"user": user, "view": full}, to=user)
+        return {"ok": True, "view": full}
+
+    async def _api_chat_getPermalink(self, args: dict[str, Any]) -> dict[str, Any]:
+        """A message's link: ``{workspace url}archives/{channel}/p{ts without the dot}``,
+        with the thread for a reply."""
+        channel = args.get("channel")
+        if (error := self.workspace.channel_problem(channel)) is not None:
+            return _fail(error)
+        msg = await self.store.get(str(channel), str(args.get("message_ts") or ""))
+        if msg is None or msg.ephemeral_to:
+            return _fail("message_not_found")
+        link = f"{self.workspace.url}archives/{msg.channel}/p{msg.ts.replace('.', '')}"
+        if msg.is_reply:
+            link += f"?thread_ts={msg.thread_ts}&cid={msg.channel}"
+        return {"ok": True, "channel": msg.channel, "permalink": link}
 
     # ------------------------------------------------------------------ assistant threads
     async def _assistant_call(self, method: str, args: dict[str, Any]) -> dict[str, Any] | None:

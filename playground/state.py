@@ -5,7 +5,7 @@ a :class:`State`: in Redis for the playground (:class:`playground.store.Store`, 
 shows the same conversation), in memory for the tests' fake Slack (``tests/slack_fake``).
 Both keep the same things with the same rules: messages (top level, thread replies, each
 person's ephemeral ones), open modals, triggers (3 s, once), response URLs (30 min, 5 uses),
-uploaded files, and assistant threads' status lines.
+uploaded files, assistant threads' status lines, and each person's App Home view.
 """
 
 from __future__ import annotations
@@ -111,6 +111,14 @@ class State(ABC):
 
     @abstractmethod
     async def drop_view(self, view_id: str) -> None: ...
+
+    @abstractmethod
+    async def save_home(self, user: str, view: dict[str, Any]) -> None:
+        """The App Home view last published for ``user`` (views.publish)."""
+
+    @abstractmethod
+    async def home(self, user: str) -> dict[str, Any] | None:
+        """The App Home view published for ``user``, if any."""
 
     @abstractmethod
     async def issue_trigger(self, trigger_id: str, user: str) -> None: ...

@@ -200,6 +200,13 @@ class Store(State):
     async def drop_view(self, view_id: str) -> None:
         await self.redis.hdel(f"{self.p}:views", view_id)
 
+    async def save_home(self, user: str, view: dict[str, Any]) -> None:
+        await self.redis.hset(f"{self.p}:homes", user, json.dumps(view, ensure_ascii=False))
+
+    async def home(self, user: str) -> dict[str, Any] | None:
+        raw = await self.redis.hget(f"{self.p}:homes", user)
+        return dict(json.loads(raw)) if raw else None
+
     async def issue_trigger(self, trigger_id: str, user: str) -> None:
         await self.redis.set(f"{self.p}:trigger:{trigger_id}", user, px=TRIGGER_TTL_MS)
 

@@ -30,6 +30,8 @@ MAX_PAGE = 999
 # The most blocks a message (50) and a modal (100) may hold.
 MAX_MESSAGE_BLOCKS = 50
 MAX_VIEW_BLOCKS = 100
+# An App Home view: at most 100 blocks (as a modal) and 250 kB (views.publish: view_too_large).
+MAX_HOME_BYTES = 250_000
 # assistant.threads.setSuggestedPrompts takes up to four prompts; setStatus rotates through
 # up to ten loading_messages.
 MAX_SUGGESTED_PROMPTS = 4

@@ -19,6 +19,8 @@ const S = {
   queue: [],
   dismissed: new Set(),
   modals: new Map(), // view_id → modal record, in opening order
+  home: false, // the app's Home tab is shown instead of the channel
+  homeEvents: 0, // "home" events received: a /ui/home answer older than one is stale
 };
 
 // ----------------------------------------------------------------------------- HTTP
@@ -340,6 +342,7 @@ async function loadOlder() {
 function reloadAll() {
   loadHistory();
   if (S.thread) loadThread();
+  if (S.home) loadHome(); // a view published before the stream opened is not sent on it
 }
 
 // ----------------------------------------------------------------------------- thread pane
@@ -489,6 +492,71 @@ function closeAllViewsLocally() {
   for (const id of [...S.modals.keys()]) removeView(id);
 }
 
+// ----------------------------------------------------------------------------- App Home
+// The app's Home tab for the acting person: opening it tells the app (app_home_opened), and
+// each views.publish for them arrives as a "home" event.
+function renderHome(view) {
+  const box = $("home-blocks");
+  if (!view) {
+    box.replaceChildren(h("div", { class: "home-empty" }, "The app has not published a Home view for you yet."));
+    return;
+  }
+  box.replaceChildren(renderBlocks(view.blocks || [], {
+    surface: "home",
+    postAction: (a) => postAction({ type: "view", view_id: view.id }, a),
+    openUrl: openPermalink,
+  }));
+}
+
+// A link to a message of this workspace (chat.getPermalink) opens its thread here.
+function openPermalink(url) {
+  let u;
+  try {
+    u = new URL(url);
+  } catch {
+    return;
+  }
+  const m = u.pathname.match(/\/archives\/[^/]+\/p(\d+)(\d{6})$/);
+  if (!m) {
+    window.open(url, "_blank", "noopener,noreferrer");
+    return;
+  }
+  showChannel();
+  openThread(u.searchParams.get("thread_ts") || `${m[1]}.${m[2]}`);
+}
+
+function showHome() {
+  S.home = true;
+  $("channel").hidden = true;
+  $("home").hidden = false;
+  $("side-home").classList.add("active");
+  $("side-channel").classList.remove("active");
+  loadHome(true);
+}
+
+// The person's Home view as published so far; ``opened``: they open the tab (the app is told).
+async function loadHome(opened = false) {
+  const gen = S.gen;
+  const seen = S.homeEvents;
+  let r;
+  try {
+    r = opened ? await api("/ui/home", { as: S.as }) : await api(`/ui/home?as=${enc(S.as)}`);
+  } catch (err) {
+    notice("error", "Opening Home failed: " + err.message);
+    return;
+  }
+  // The app may publish (a "home" event) before this answer arrives: the event is newer.
+  if (gen === S.gen && S.home && seen === S.homeEvents) renderHome(r.view);
+}
+
+function showChannel() {
+  S.home = false;
+  $("home").hidden = true;
+  $("channel").hidden = false;
+  $("side-home").classList.remove("active");
+  $("side-channel").classList.add("active");
+}
+
 // ----------------------------------------------------------------------------- live events
 function apply(type, data) {
   if (type === "message") upsertMessage(data);
@@ -511,6 +579,11 @@ function onEvent(type, raw) {
     if (data) removeView(data.view_id);
   } else if (type === "notice") {
     if (data) notice(data.level, data.text);
+  } else if (type === "home") {
+    if (data && data.user === S.as) {
+      S.homeEvents++;
+      if (S.home) renderHome(data.view);
+    }
   }
 }
 
@@ -519,7 +592,7 @@ function connect() {
   const es = new EventSource(`/ui/stream?as=${enc(S.as)}&token=${enc(TOKEN)}`);
   S.es = es;
   let opened = false;
-  for (const type of ["message", "delete", "view", "view_closed", "notice"]) {
+  for (const type of ["message", "delete", "view", "view_closed", "notice", "home"]) {
     es.addEventListener(type, (ev) => S.es === es && onEvent(type, ev.data));
   }
   // Every (re)connection reloads: events sent while we were away are lost.
@@ -633,6 +706,7 @@ function switchUser(id) {
   channel.clear();
   replies.clear();
   connect();
+  if (S.home) showHome();
 }
 
 function fillSidebar(st, refillComposerHint) {
@@ -716,8 +790,15 @@ async function start() {
   $("thread-close").addEventListener("click", closeThread);
   $("side-channel").addEventListener("click", (ev) => {
     ev.preventDefault();
+    showChannel();
     chScroll.toBottom();
   });
+  $("side-home").addEventListener("click", (ev) => {
+    ev.preventDefault();
+    showHome();
+  });
+  $("side-home-name").textContent = st.bot.name;
+  $("home-title").textContent = st.bot.name;
   document.addEventListener("keydown", (ev) => {
     if (ev.key !== "Escape" || !S.modals.size) return;
     ev.preventDefault();

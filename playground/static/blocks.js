@@ -31,7 +31,8 @@ function image(url, alt, cls, extra = {}) {
 
 /**
  * Render a list of blocks.
- * ctx: { postAction(action) → Promise, surface: "message" | "modal" }
+ * ctx: { postAction(action) → Promise, surface: "message" | "modal" | "home",
+ *        openUrl(url)?: how a link button opens its URL (default: a new tab) }
  */
 export function renderBlocks(blocks, ctx) {
   const frag = document.createDocumentFragment();
@@ -184,7 +185,7 @@ function renderButton(e, block, ctx) {
   btn.addEventListener("click", async () => {
     if (btn.disabled) return;
     if (e.confirm && !(await confirmDialog(e.confirm))) return;
-    if (e.url) openUrl(e.url);
+    if (e.url) (ctx.openUrl || openUrl)(e.url);
     const action = {
       type: "button", action_id: e.action_id, block_id: block.block_id, value: e.value, text: e.text,
     };

@@ -78,3 +78,12 @@ def test_manifest_opens_the_assistant_view() -> None:
         "users:read",
         "usergroups:read",
     } <= scopes
+
+
+def test_manifest_enables_the_home_tab() -> None:
+    """Each approver's Home lists what waits for them (bot/home.py): the Home tab, and the
+    event that says someone opened it."""
+    home = MANIFEST.split("app_home:", 1)[1].split("oauth_config:", 1)[0]
+    assert re.search(r"home_tab_enabled: true", home)
+    block = MANIFEST.split("event_subscriptions:", 1)[1].split("interactivity:", 1)[0]
+    assert "app_home_opened" in set(re.findall(r"^\s+- ([a-z_.]+)", block, re.MULTILINE))

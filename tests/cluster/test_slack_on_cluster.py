@@ -3,7 +3,10 @@ processes given the cluster's URL (nothing else: they detect the cluster by them
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,6 +66,62 @@ async def test_the_slack_flow_with_every_process_on_the_cluster(
         # Each process found the cluster by itself.
         assert "Redis Cluster" in web.log.read_text()
         assert "Redis Cluster, 16 shards" in (tmp_path / "worker.log").read_text()
+    finally:
+        web.kill()
+        worker.kill()
+
+
+async def test_app_home_on_the_cluster(
+    clean_cluster: ClusterServer, fake_slack: FakeSlack, fake_openai: FakeOpenAI, tmp_path: Path
+) -> None:
+    """App Home reads every shard's pending gates and the approver's decisions (one key per
+    command), and its publish lease lives on its own slot: listing and a Home click work."""
+    journal = tmp_path / "journal.txt"
+    fake_openai.script(
+        "delete user 5", [call("delete_user", {"user_id": "5"}), reply("User 5 is deleted.")]
+    )
+    web = await start_web(clean_cluster.url, fake_slack, tmp_path / "web.log")
+    env = worker_env(clean_cluster.url, fake_openai.base_url, journal)
+    worker = WorkerProcess(env, tmp_path / "worker.log")
+    try:
+        slack = SlackClient(web.events_url, SIGNING_SECRET, fake=fake_slack)
+        opened = {"type": "app_home_opened", "user": APPROVER, "tab": "home", "channel": "D0A"}
+        assert (await slack.event(opened)).status == 200
+        assert (await slack.command("delete user 5", user_id=REQUESTER)).status == 200
+
+        async def home_with(needle: str) -> dict[str, Any]:
+            async def shown() -> dict[str, Any] | None:
+                view = await fake_slack.store.home(APPROVER)
+                return view if view and needle in json.dumps(view, ensure_ascii=False) else None
+
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 30
+            while (view := await shown()) is None:
+                assert loop.time() < end, f"Home never showed {needle!r}"
+                await asyncio.sleep(0.05)
+            return view
+
+        view = await home_with("delete_user")
+        (value,) = [
+            e["value"]
+            for b in view["blocks"]
+            if b["type"] == "actions"
+            for e in b["elements"]
+            if e["action_id"] == cards.APPROVE_ACTION
+        ]
+        payload = slack.action_payload(cards.APPROVE_ACTION, value, user_id=APPROVER)
+        for key in ("channel", "message", "response_url"):
+            payload.pop(key)
+        payload["container"] = {"type": "view", "view_id": view["id"]}
+        payload["view"] = view
+        assert (await slack.payload(payload)).status == 200
+        await home_with("✅ Approved")
+
+        def answered(f: FakeSlack) -> bool:
+            return any("User 5 is deleted." in m.text for m in f.messages)
+
+        await fake_slack.wait_for(answered, timeout=30, what="the answer in the thread")
+        assert read_journal(str(journal)) == ["delete_user:5"]
     finally:
         web.kill()
         worker.kill()

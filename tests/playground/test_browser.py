@@ -148,6 +148,65 @@ async def test_only_approvers_decide(page: Page, playground: PlaygroundProcess) 
     await expect(gate).to_contain_text("Approved by @Sam", timeout=SLOW)
 
 
+async def open_home(page: Page) -> Locator:
+    """The acting person opens the app's Home tab."""
+    await page.click("#side-home")
+    home = page.locator("#home")
+    await expect(home).to_be_visible()
+    await expect(home).to_contain_text("Waiting for your decision", timeout=SLOW)
+    return home
+
+
+def home_actions(home: Locator, needle: str) -> Locator:
+    """The buttons of the pending call on Home whose summary contains ``needle``."""
+    item = home.locator(".blk", has_text=needle).first
+    return item.locator("xpath=following-sibling::*[starts-with(@data-block-id, 'home:')][1]")
+
+
+async def test_app_home_lists_what_each_person_may_decide(
+    page: Page, playground: PlaygroundProcess
+) -> None:
+    await open_as(page, playground, people.REQUESTER)
+    thread = await start_task(page, "delete user 47")
+    await expect(card(thread).first).to_be_visible(timeout=SLOW)
+    call = 'delete_user(user_id="47")'
+
+    # The requester may deny their own call from Home, not approve it.
+    home = await open_home(page)
+    await expect(home).to_contain_text(call, timeout=SLOW)
+    mine = home_actions(home, call)
+    await expect(mine.get_by_role("button", name="Deny")).to_be_visible()
+    await expect(mine.get_by_role("button", name="Approve")).to_have_count(0)
+
+    # An outsider's Home lists nothing of it.
+    await switch(page, people.OUTSIDER)
+    await expect(home).to_contain_text("Waiting for your decision", timeout=SLOW)
+    await expect(home).not_to_contain_text(call)
+
+    # The approver's Home: the call, its run and requester, and the buttons.
+    await switch(page, people.APPROVER)
+    await expect(home).to_contain_text(call, timeout=SLOW)
+    await expect(home).to_contain_text("requested by @Riley")
+    theirs = home_actions(home, call)
+    await expect(theirs.get_by_role("button", name="Approve")).to_be_visible()
+    await shot(page, "app-home")
+    # Open thread shows the card's thread.
+    await theirs.get_by_role("button", name="Open thread").click()
+    await expect(card(page.locator("#thread")).filter(has_text="47").first).to_be_visible()
+    await expect(page.locator("#channel")).to_be_visible()
+
+    # Approve on Home: the card and Home both show it.
+    home = await open_home(page)
+    await home_actions(home, call).get_by_role("button", name="Approve").click()
+    await expect(home_actions(home, call)).to_have_count(0, timeout=SLOW)
+    decided = home.locator(".blk", has_text="Approved").filter(has_text=call)
+    await expect(decided).to_be_visible(timeout=SLOW)
+    await shot(page, "app-home-after-approval")
+    await page.click("#side-channel")
+    gate = card(page.locator("#thread")).filter(has_text="47").first
+    await expect(gate).to_contain_text("Approved by @Avery", timeout=SLOW)
+
+
 async def test_a_reply_in_the_thread_continues_the_run(
     page: Page, playground: PlaygroundProcess
 ) -> None:

@@ -1009,6 +1009,50 @@ async def test_action_in_a_view(env: Env) -> None:
     assert (await env.post("/ui/action", {**body, "as": AVERY}))[0] == 400
 
 
+async def test_home_tab_for_the_acting_person(env: Env) -> None:
+    """Opening Home tells the app (app_home_opened, when subscribed); views.publish reaches
+    that person's page; a click on Home is a block_actions from a ``home`` view, theirs only."""
+    env.pg.info.bot_events = frozenset({"app_home_opened"})
+    assert await env.post("/ui/home", {"as": AVERY}) == (200, {"ok": True, "view": None})
+    event = env.bot.received[-1].envelope()["event"]
+    assert (event["type"], event["user"], event["tab"]) == ("app_home_opened", AVERY, "home")
+
+    async with env.stream(AVERY) as page:
+        resp = await env.slack.views_publish(
+            user_id=AVERY, view={"type": "home", "blocks": BUTTONS}
+        )
+        published = dict(resp["view"])
+        assert published["type"] == "home" and published["id"]
+        kind, data = await page.next()
+        assert kind == "home" and data["user"] == AVERY and data["view"]["id"] == published["id"]
+
+    status, shown = await env.post("/ui/home", {"as": AVERY})
+    assert status == 200 and shown["view"]["blocks"] == published["blocks"]
+    received = len(env.bot.received)
+    assert await env.get("/ui/home", **{"as": AVERY}) == (200, shown)  # read only
+    assert await env.get("/ui/home", **{"as": RILEY}) == (200, {"ok": True, "view": None})
+    assert len(env.bot.received) == received
+    assert env.bot.received[-1].envelope()["event"]["view"]["id"] == published["id"]
+
+    container = {"type": "view", "view_id": published["id"]}
+    action = {"action_id": "approve", "block_id": "decide"}
+    body = {"as": AVERY, "container": container, "action": action}
+    assert await env.post("/ui/action", body) == (200, {"ok": True})
+    payload = env.bot.received[-1].payload()
+    assert payload["container"] == container and payload["view"]["type"] == "home"
+    assert payload["user"]["id"] == AVERY and "response_url" not in payload
+    # Someone else's Home.
+    assert (await env.post("/ui/action", {**body, "as": RILEY}))[0] == 400
+
+    # Slack's refusals: someone outside the workspace, a view that is not a Home view.
+    with pytest.raises(SlackApiError) as outsider:
+        await env.slack.views_publish(user_id="U0NOBODY", view={"type": "home", "blocks": []})
+    assert outsider.value.response["error"] == "invalid_arguments"
+    with pytest.raises(SlackApiError) as modal_view:
+        await env.slack.views_publish(user_id=AVERY, view=modal())
+    assert modal_view.value.response["error"] == "invalid_arguments"
+
+
 # =========================================================================== response_url
 async def clicked(env: Env, who: str = AVERY) -> tuple[str, str, str]:
     """(root ts, card ts, response_url) after ``who`` clicks a card in a thread."""
@@ -1282,6 +1326,7 @@ settings:
 def test_the_real_manifest_subscribes_to_thread_replies() -> None:
     # The playground sends the bot what Slack would: the events its manifest subscribes to.
     assert bot_events(slack_manifest()) == {
+        "app_home_opened",
         "app_mention",
         "assistant_thread_context_changed",
         "assistant_thread_started",

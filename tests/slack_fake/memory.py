@@ -59,6 +59,7 @@ class MemoryStore(State):
         self._lock = threading.Lock()
         self._messages: dict[tuple[str, str], Message] = {}
         self._views: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._homes: dict[str, dict[str, Any]] = {}
         self._triggers: dict[str, tuple[str, float]] = {}  # id → (user, expires at)
         self._response_urls: dict[str, tuple[dict[str, Any], float]] = {}
         self._files: dict[str, FakeFile] = {}
@@ -69,6 +70,7 @@ class MemoryStore(State):
         with self._lock:
             for kept in (self._messages, self._views, self._triggers, self._response_urls):
                 kept.clear()
+            self._homes.clear()
             self._files.clear()
             self._statuses.clear()
 
@@ -172,6 +174,15 @@ class MemoryStore(State):
     async def drop_view(self, view_id: str) -> None:
         with self._lock:
             self._views.pop(view_id, None)
+
+    async def save_home(self, user: str, view: dict[str, Any]) -> None:
+        with self._lock:
+            self._homes[user] = copy.deepcopy(view)
+
+    async def home(self, user: str) -> dict[str, Any] | None:
+        with self._lock:
+            found = self._homes.get(user)
+            return copy.deepcopy(found) if found is not None else None
 
     async def issue_trigger(self, trigger_id: str, user: str) -> None:
         with self._lock:
