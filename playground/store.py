@@ -15,6 +15,8 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from agent_core.script_loader import ScriptSet
+
 from .state import (
     RESPONSE_URL_TTL_S,
     RESPONSE_URL_USES,
@@ -34,28 +36,25 @@ __all__ = [
     "Store",
 ]
 
-# KEYS[1] = the last ts handed out. Returns a message ts from Redis' clock, in Slack's format
-# ("1764600000.000100"), strictly increasing even when two arrive in the same microsecond.
-NEXT_TS = """
-local t = redis.call('TIME')
-local us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local last = tonumber(redis.call('GET', KEYS[1]) or '0')
-if us <= last then us = last + 1 end
-redis.call('SET', KEYS[1], string.format('%d', us))
-return string.format('%d.%06d', math.floor(us / 1000000), us % 1000000)
-"""
 
-# KEYS[1] = a response URL's context (JSON with the uses "left"). Counts one use, atomically
-# (two concurrent posts must not both get the fifth); returns the context, or nil when used up.
-USE_RESPONSE_URL = """
-local raw = redis.call('GET', KEYS[1])
-if not raw then return false end
-local data = cjson.decode(raw)
-if data['left'] <= 0 then return false end
-data['left'] = data['left'] - 1
-redis.call('SET', KEYS[1], cjson.encode(data), 'KEEPTTL')
-return raw
-"""
+class PlaygroundScripts(ScriptSet):
+    """The playground's scripts (``playground/lua/``), one method each."""
+
+    package = "playground"
+
+    async def next_ts(self, last_ts_key: str) -> str:
+        """NEXT_TS: a new message ts, strictly increasing."""
+        return _text(await self._run("next_ts", [last_ts_key], []))
+
+    async def use_response_url(self, context_key: str) -> str | None:
+        """USE_RESPONSE_URL: the URL's context, one use counted; None when used up."""
+        raw = await self._run("use_response_url", [context_key], [])
+        return _text(raw) if raw else None
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
 
 FILE_TTL_S = 3600  # a file announced but never shared is forgotten (Slack discards it)
 
@@ -66,8 +65,7 @@ class Store(State):
     def __init__(self, redis: aioredis.Redis, prefix: str = "playground") -> None:
         self.redis = redis
         self.p = prefix
-        self._next_ts = redis.register_script(NEXT_TS)
-        self._use_response_url = redis.register_script(USE_RESPONSE_URL)
+        self._scripts = PlaygroundScripts(redis)
 
     # ------------------------------------------------------------------ keys
     def _msgs(self) -> str:
@@ -84,7 +82,7 @@ class Store(State):
 
     # ------------------------------------------------------------------ messages
     async def next_ts(self) -> str:
-        return str(await self._next_ts(keys=[f"{self.p}:last_ts"]))
+        return await self._scripts.next_ts(f"{self.p}:last_ts")
 
     async def add(self, msg: Message) -> None:
         """Store a new message and index it (top level, thread, or one person's ephemerals)."""
@@ -227,7 +225,7 @@ class Store(State):
 
     async def use_response_url(self, token: str) -> dict[str, Any] | None:
         """The context of a response URL, counting one use; None once expired or used up."""
-        raw = await self._use_response_url(keys=[f"{self.p}:respond:{token}"])
+        raw = await self._scripts.use_response_url(f"{self.p}:respond:{token}")
         if not raw:
             return None
         data: dict[str, Any] = json.loads(raw)

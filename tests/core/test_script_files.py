@@ -1,6 +1,7 @@
 """The script layer: every Lua script is a file with a KEYS/ARGV/returns header, its helpers
 are included (once, never copied), each one compiles on a real Redis, and each is run by a
-method of its registry (agent_core.scripts.Scripts, bot.scripts.BotScripts)."""
+method of its registry (agent_core.scripts.Scripts, bot.scripts.BotScripts,
+playground.store.PlaygroundScripts). No Lua is left in a Python module."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from agent_core import Keys
 from agent_core.script_loader import _resolve, source
 from agent_core.scripts import Scripts
 from bot.scripts import BotScripts
+from playground.store import PlaygroundScripts
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"agent_core": Scripts, "bot": BotScripts}
+PACKAGES = {"agent_core": Scripts, "bot": BotScripts, "playground": PlaygroundScripts}
 
 
 def script_names(package: str) -> list[str]:
@@ -50,7 +52,7 @@ def test_helpers_are_included_once_and_none_is_left_unused() -> None:
     assert not any(line.lstrip().startswith("--") for line in text.splitlines()), "no comments"
     for package in PACKAGES:
         used = "".join(source(package, n) for n in script_names(package))
-        for include in sorted((ROOT / package / "lua" / "include").glob("*.lua")):
+        for include in sorted((ROOT / package / "lua").glob("include/*.lua")):
             first = re.search(r"^local function (\w+)", include.read_text(), re.M)
             assert first and f"local function {first.group(1)}(" in used, include.name
 
@@ -64,12 +66,22 @@ def test_a_bad_include_is_refused() -> None:
 
 def test_the_scripts_are_package_data() -> None:
     for package in PACKAGES:
-        node = resources.files(package).joinpath("lua", "include")
-        assert node.is_dir(), package
+        node = resources.files(package).joinpath("lua")
+        assert node.is_dir() and any(n.name.endswith(".lua") for n in node.iterdir()), package
+
+
+def test_no_lua_is_left_in_a_python_module() -> None:
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            assert "redis.call(" not in path.read_text(), path
 
 
 async def test_every_script_compiles_on_redis(redis: Redis) -> None:
-    registries = {"agent_core": Scripts(redis, Keys()), "bot": BotScripts(redis)}
+    registries = {
+        "agent_core": Scripts(redis, Keys()),
+        "bot": BotScripts(redis),
+        "playground": PlaygroundScripts(redis),
+    }
     for package, scripts in registries.items():
         for name in script_names(package):
             try:
