@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from agent_core.models import Gate, GateStatus, Run, RunStatus
+from agent_core.models import Gate, GateStatus
 
 SECTION_LIMIT = 3000
 HEADER_LIMIT = 150
@@ -241,17 +240,15 @@ def result_blocks(
     if gate.status is not GateStatus.APPROVED:
         return []
     if result is None:
-        return [_context("⚙️ Running…")]
+        return [context("⚙️ Running…")]
     if result.skipped:
-        return [_section(f"⏹️ *Never ran* — {escape(clip(result.skipped, 500))}; not executed")]
+        return [section(f"⏹️ *Never ran* — {escape(clip(result.skipped, 500))}; not executed")]
     if result.running_at_cancel:
-        return [
-            _section("⚙️ *Was running when the run was cancelled*; its outcome will appear here")
-        ]
+        return [section("⚙️ *Was running when the run was cancelled*; its outcome will appear here")]
     if result.in_doubt:
         after = " (after the run was cancelled)" if result.after_cancel else ""
         return [
-            _section(
+            section(
                 f"⚠️ *In doubt* — the worker stopped while this call was running{after}. It was "
                 "not run again automatically; check whether it took effect."
             )
@@ -266,12 +263,12 @@ def result_blocks(
         label = "▶️ *Executed*" if result.ok else "⚠️ *The tool failed*"
     out = result.output or ""
     if not out.strip():
-        return [_section(label + " (no output)")]
+        return [section(label + " (no output)")]
     shown = split_escaped(out, limit, max_chunks=1)[0]
-    blocks = [_section(label + "\n" + code_block(shown))]
+    blocks = [section(label + "\n" + code_block(shown))]
     if len(shown) < len(out):
         blocks.append(
-            _context(f"Output truncated: first {len(shown):,} of {len(out):,} characters.")
+            context(f"Output truncated: first {len(shown):,} of {len(out):,} characters.")
         )
     return blocks
 
@@ -288,24 +285,24 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
     head = "✖️ Closed" if closed_by_failure(gate) else _HEADERS[gate.status]
     header = clip(f"{head}: {gate.tool}", HEADER_LIMIT)
     fields = [
-        _mrkdwn(f"*Agent*\n{clip_escaped(gate.agent or 'agent', 200)}"),
-        _mrkdwn(f"*Requested by*\n{requesters(gate)}"),
-        _mrkdwn(f"*Tool*\n`{clip(tool, 200)}`"),
-        _mrkdwn(f"*Run*\n`{clip_escaped(gate.run_id, 100)}`"),
+        mrkdwn(f"*Agent*\n{clip_escaped(gate.agent or 'agent', 200)}"),
+        mrkdwn(f"*Requested by*\n{requesters(gate)}"),
+        mrkdwn(f"*Tool*\n`{clip(tool, 200)}`"),
+        mrkdwn(f"*Run*\n`{clip_escaped(gate.run_id, 100)}`"),
     ]
     blocks: list[dict[str, Any]] = [
         {"type": "header", "text": {"type": "plain_text", "text": header, "emoji": True}},
         {"type": "section", "fields": fields},
     ]
     if gate.description:
-        blocks.append(_section(clip_escaped(gate.description, text_limit)))
+        blocks.append(section(clip_escaped(gate.description, text_limit)))
     raw = pretty_args(gate.args) if gate.args else ""
     chunks = split_escaped(raw, code_chunk, max_chunks=arg_chunks) if raw else []
     shown = sum(len(c) for c in chunks)
     if not raw:
-        blocks.append(_section("*Arguments:* none"))
+        blocks.append(section("*Arguments:* none"))
     for i, chunk in enumerate(chunks):
-        blocks.append(_section(("*Arguments*\n" if i == 0 else "") + code_block(chunk)))
+        blocks.append(section(("*Arguments*\n" if i == 0 else "") + code_block(chunk)))
     notes = [f"Arguments hash `{args_hash_short(gate)}`"]
     if gate.nested:
         notes.insert(0, f"🧩 Asked by a sub-agent: {escape(call_path(gate))}")
@@ -317,16 +314,16 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
             f"⚠️ *Arguments truncated*: showing the first {shown:,} of {len(raw):,} "
             f"characters.{advice}",
         )
-    blocks.append(_context(" · ".join(notes)))
-    blocks.append(_section(outcome_line(gate)))
+    blocks.append(context(" · ".join(notes)))
+    blocks.append(section(outcome_line(gate)))
     blocks.extend(result_blocks(gate, result, limit=text_limit if compact else RESULT_LIMIT))
     if pending:
         buttons = [
-            _button("Approve", APPROVE_ACTION, button_value(gate), style="primary"),
-            _button("Deny", DENY_ACTION, button_value(gate), style="danger"),
+            button("Approve", APPROVE_ACTION, button_value(gate), style="primary"),
+            button("Deny", DENY_ACTION, button_value(gate), style="danger"),
         ]
         if shown < len(raw):
-            buttons.append(_button("View all arguments", ARGS_ACTION, gate.gate_id))
+            buttons.append(button("View all arguments", ARGS_ACTION, gate.gate_id))
         blocks.append(
             {"type": "actions", "block_id": clip(f"gate:{gate.gate_id}", 255), "elements": buttons}
         )
@@ -350,12 +347,12 @@ def args_modal(gate: Gate) -> dict[str, Any]:
     chunks = split_escaped(raw, CODE_CHUNK, max_chunks=MODAL_ARG_CHUNKS)
     shown = sum(len(c) for c in chunks)
     blocks: list[dict[str, Any]] = [
-        _section(f"`{clip(escape(gate.tool), 200)}` · arguments hash `{args_hash_short(gate)}`")
+        section(f"`{clip(escape(gate.tool), 200)}` · arguments hash `{args_hash_short(gate)}`")
     ]
-    blocks.extend(_section(code_block(c)) for c in chunks)
+    blocks.extend(section(code_block(c)) for c in chunks)
     if shown < len(raw):
         blocks.append(
-            _context(f"⚠️ Still truncated: the first {shown:,} of {len(raw):,} characters fit here.")
+            context(f"⚠️ Still truncated: the first {shown:,} of {len(raw):,} characters fit here.")
         )
     return {
         "type": "modal",
@@ -391,7 +388,7 @@ def deny_modal(gate: Gate, private_metadata: str) -> dict[str, Any]:
         "submit": {"type": "plain_text", "text": "Deny"},
         "close": {"type": "plain_text", "text": "Cancel"},
         "blocks": [
-            _section(
+            section(
                 f"Deny `{clip(escape(gate.tool), 200)}` for run `{clip_escaped(gate.run_id, 100)}`? "
                 "The agent is told who declined it and why, and not to retry."
             ),
@@ -540,7 +537,7 @@ def turn_card(gates: list[Gate]) -> Card:
     pending = [g for g in gates if g.status is GateStatus.PENDING]
     if not pending:
         summary = turn_summary(gates)
-        blocks = [_section(summary), _context(f"Run `{rid}` · each card shows its call's outcome")]
+        blocks = [section(summary), context(f"Run `{rid}` · each card shows its call's outcome")]
         return Card(text=clip(summary.split("\n", 1)[0], 300), blocks=blocks)
     n = len(pending)
     head = f"🔐 *{total} approval requests* in this turn:"
@@ -554,7 +551,7 @@ def turn_card(gates: list[Gate]) -> Card:
     head += "\nDecide each on its card, or all of them at once."
     every = "all" if n == total else "the remaining"
     header = f"This approves {every} {n} tool {_plural(n, 'call', 'calls')} of run `{rid}`:"
-    approve = _button(
+    approve = button(
         f"Approve all {n}" if n == total else f"Approve remaining {n}",
         TURN_APPROVE_ACTION,
         turn_value(gates),
@@ -570,7 +567,7 @@ def turn_card(gates: list[Gate]) -> Card:
         "deny": {"type": "plain_text", "text": "Cancel"},
         "style": "primary",
     }
-    deny = _button(
+    deny = button(
         "Deny all" if n == total else f"Deny remaining {n}",
         TURN_DENY_ACTION,
         turn_value(gates),
@@ -578,7 +575,7 @@ def turn_card(gates: list[Gate]) -> Card:
     )
     block_id = clip(f"turn:{gates[0].run_id}:{gates[0].turn}", 255)
     blocks = [
-        _section(head),
+        section(head),
         {"type": "actions", "block_id": block_id, "elements": [approve, deny]},
     ]
     return Card(
@@ -597,7 +594,7 @@ def deny_all_modal(pending: list[Gate], private_metadata: str) -> dict[str, Any]
         "submit": {"type": "plain_text", "text": "Deny all"},
         "close": {"type": "plain_text", "text": "Cancel"},
         "blocks": [
-            _section(
+            section(
                 f"Deny the {n} pending {_plural(n, 'call', 'calls')} of run "
                 f"`{clip_escaped(pending[0].run_id, 100)}`: {_names(pending, 20)}? The agent is "
                 "told who declined them and why, and not to retry. The reason goes to each."
@@ -641,181 +638,20 @@ def decided_many_message(
     return text
 
 
-# --------------------------------------------------------------------------- run messages
-_RUN_STATUS = {
-    RunStatus.QUEUED: "⏳ queued",
-    RunStatus.RUNNING: "⚙️ running",
-    RunStatus.AWAITING_APPROVAL: "🔐 awaiting approval",
-    RunStatus.COMPLETED: "✅ completed",
-    RunStatus.FAILED: "❌ failed",
-    RunStatus.CANCELLED: "✖️ cancelled",
-}
-
-
-def status_label(status: RunStatus) -> str:
-    return _RUN_STATUS.get(status, status.value)
-
-
-def run_status(run: Run) -> str:
-    """A run's status as shown: a run paused only on its sub-agents says so (they may be
-    working or asking for approval themselves: their cards tell which); one whose gates are
-    all decided is running again (its resume job is on its way to a worker)."""
-    if run.status is RunStatus.AWAITING_APPROVAL and not run.pending:
-        n = run.children_pending
-        if not n:
-            return status_label(RunStatus.RUNNING)
-        return "🧩 waiting for " + ("its sub-agent" if n == 1 else f"{n} sub-agents")
-    return status_label(run.status)
-
-
-# How a finished run's calls that did not run are counted on its root message.
-_NOT_RUN = (
-    (GateStatus.DENIED, "denied"),
-    (GateStatus.EXPIRED, "expired"),
-    (GateStatus.CANCELLED, "closed unanswered"),
-)
-
-
-def calls_not_run(gates: Sequence[Gate]) -> str:
-    """``"1 call denied"``, ``"3 calls not run: 1 denied, 2 expired"``: a finished run's gated
-    calls that never ran (empty when none): "completed" alone reads as if they all ran."""
-    counts = [(sum(1 for g in gates if g.status is st), label) for st, label in _NOT_RUN]
-    counts = [(n, label) for n, label in counts if n]
-    total = sum(n for n, _ in counts)
-    calls = "call" if total == 1 else "calls"
-    if not counts:
-        return ""
-    if len(counts) == 1:
-        return f"{total} {calls} {counts[0][1]}"
-    return f"{total} {calls} not run: " + ", ".join(f"{n} {label}" for n, label in counts)
-
-
-def root_message(
-    task: str,
-    user_id: str,
-    run: Run | None,
-    command: str = "/agent",
-    gates: Sequence[Gate] = (),
-) -> Card:
-    """The channel message a run's thread hangs from; ``gates``: the run's own gates, whose
-    calls that never ran a finished run names."""
-    intro = f"🤖 Task started by {user(user_id)}: {clip_escaped(task, TASK_LIMIT)}"
-    blocks: list[dict[str, Any]] = [_section(intro)]
-    if run is None:
-        blocks.append(_context("⏳ starting…"))
-    else:
-        rid = clip_escaped(run.run_id, 100)
-        line = f"Run `{rid}` · {run_status(run)}"
-        not_run = calls_not_run(gates) if run.status.finished else ""
-        if not_run:
-            line += f" · {not_run}"
-        if not run.status.finished:
-            line += f" · cancel with `{command} cancel {rid}`"
-        elif run.retryable:
-            line += f" · retry with `{command} retry {rid}`"
-        blocks.append(_context(line))
-    return Card(text=f"Task started by {user(user_id)}: {clip_escaped(task, 300)}", blocks=blocks)
-
-
-def root_not_started(task: str, user_id: str) -> Card:
-    card = root_message(task, user_id, None)
-    blocks = [*card.blocks[:1], _context("❌ not started: the agent backend is unavailable")]
-    return Card(text="The task could not be started.", blocks=blocks)
-
-
-def run_failed_message(error: str, retry: str | None = None) -> str:
-    """The thread's failure message; ``retry``: the command that continues the run, when a
-    retry can fix its failure."""
-    text = "❌ *The run failed:* " + clip_escaped(error or "unknown error", SECTION_LIMIT)
-    if retry:
-        text += (
-            f"\nIt can be continued from where it stopped with `{retry}` "
-            "(its requester or an approver); nothing that already ran runs again."
-        )
-    return text
-
-
-def run_retried_message(by: str | None) -> str:
-    return f"🔁 *Retried* by {user(by)}: continuing from the last completed step."
-
-
-def run_cancelled_message(by: str | None, reason: str | None) -> str:
-    line = f"✖️ *Run cancelled* by {user(by)}."
-    if reason:
-        line += " Reason: " + clip_escaped(reason, REASON_MAX + 100)
-    return line
-
-
-def tool_message(tool: str, ok: bool, in_doubt: bool) -> str:
-    """A progress line for a tool call that needed no approval."""
-    name = f"`{clip(escape(tool), 200)}`"
-    if in_doubt:
-        return f"⚠️ {name} is *in doubt*: the worker stopped while it ran; it was not retried."
-    return f"▶️ Ran {name}" if ok else f"⚠️ {name} failed"
-
-
-def status_message(
-    runs: list[Run], pending: dict[str, list[Gate]], command: str = "/agent"
-) -> Card:
-    """``/agent status``: the user's recent runs and their pending approvals."""
-    if not runs:
-        return Card(text=f"You have no runs yet. Start one with `{command} &lt;task&gt;`.")
-    blocks: list[dict[str, Any]] = [_section("*Your recent runs*")]
-    for run in runs[:15]:
-        line = (
-            f"`{clip_escaped(run.run_id, 100)}` · {run_status(run)} · "
-            f"{fmt_date(run.created_at)}\n{clip_escaped(run.task, 200)}"
-        )
-        if run.retryable:
-            line += f"\n  🔁 can be retried: `{command} retry {clip_escaped(run.run_id, 100)}`"
-        gates = pending.get(run.run_id, [])
-        for g in gates[:5]:
-            line += (
-                f"\n  🔐 waiting: `{clip(escape(g.tool), 100)}` · expires {fmt_date(g.deadline)}"
-            )
-        if len(gates) > 5:
-            line += f"\n  …and {_count(len(gates) - 5, 'more pending approval')}"
-        blocks.append(_section(line))
-    waiting = sum(len(v) for v in pending.values())
-    shown = _count(min(len(runs), 15), "run")
-    blocks.append(_context(f"{shown} shown · {_count(waiting, 'pending approval')}"))
-    return Card(text=f"Your recent runs: {len(runs)}, pending approvals: {waiting}", blocks=blocks)
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 pending approval``, ``2 pending approvals``."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def usage(command: str = "/agent") -> str:
-    """``/agent help``, in mrkdwn: a placeholder is written ``&lt;run id&gt;``, since Slack
-    takes ``<run id>`` for a link or a mention and shows ``run id``."""
-    return (
-        f"*Usage*\n"
-        f"• `{command} &lt;task&gt;` — start the agent on a task; it works in a thread and asks "
-        "for approval before sensitive tool calls\n"
-        f"• `{command} status` — your recent runs and their pending approvals\n"
-        f"• `{command} cancel &lt;run id&gt;` — cancel a run (its requester or an approver)\n"
-        f"• `{command} retry &lt;run id&gt;` — continue a failed run from its last completed step; "
-        "calls that already ran are not run again (its requester or an approver)\n"
-        f"• `{command} help` — this message"
-    )
-
-
 # --------------------------------------------------------------------------- block helpers
-def _mrkdwn(text: str) -> dict[str, Any]:
+def mrkdwn(text: str) -> dict[str, Any]:
     return {"type": "mrkdwn", "text": text}
 
 
-def _section(text: str) -> dict[str, Any]:
-    return {"type": "section", "text": _mrkdwn(clip(text, SECTION_LIMIT))}
+def section(text: str) -> dict[str, Any]:
+    return {"type": "section", "text": mrkdwn(clip(text, SECTION_LIMIT))}
 
 
-def _context(text: str) -> dict[str, Any]:
-    return {"type": "context", "elements": [_mrkdwn(clip(text, SECTION_LIMIT))]}
+def context(text: str) -> dict[str, Any]:
+    return {"type": "context", "elements": [mrkdwn(clip(text, SECTION_LIMIT))]}
 
 
-def _button(label: str, action_id: str, value: str, style: str | None = None) -> dict[str, Any]:
+def button(label: str, action_id: str, value: str, style: str | None = None) -> dict[str, Any]:
     b: dict[str, Any] = {
         "type": "button",
         "text": {"type": "plain_text", "text": clip(label, BUTTON_TEXT_LIMIT), "emoji": True},

@@ -29,7 +29,7 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from agent_core.exceptions import ChildRunSettled, InvalidState, RunNotFound
 from agent_core.models import Gate, Run, RunStatus
 
-from . import cards
+from . import cards, run_cards
 from .acking import at_ack
 from .context import BotContext
 from .directory import NO_TASK, AgentEntry
@@ -99,7 +99,11 @@ class Commands:
     def usage(self) -> str:
         """``/agent help``: the agents, then the commands."""
         agents = self.ctx.agents.help_text(self.command)
-        return f"{agents}\n\n{cards.usage(self.command)}" if agents else cards.usage(self.command)
+        return (
+            f"{agents}\n\n{run_cards.usage(self.command)}"
+            if agents
+            else run_cards.usage(self.command)
+        )
 
     def immediate_reply(self, text: str) -> str | None:
         """A reply that needs no I/O (sent with the ack), or ``None`` for real work."""
@@ -217,7 +221,7 @@ class Commands:
             await _reply(respond, refused)
             return
         channel = str(body.get("channel_id") or "")
-        root = cards.root_message(task, user_id, None, self.command)
+        root = run_cards.root_message(task, user_id, None, self.command)
         try:
             resp = await ctx.client.chat_postMessage(
                 channel=channel, text=root.text, blocks=root.blocks
@@ -256,7 +260,7 @@ class Commands:
             )
         except Exception:
             log.exception("start_run failed")
-            failed = cards.root_not_started(task, user_id)
+            failed = run_cards.root_not_started(task, user_id)
             try:
                 await ctx.client.chat_update(
                     channel=channel, ts=ts, text=failed.text, blocks=failed.blocks
@@ -289,7 +293,7 @@ class Commands:
                 gates = await self.ctx.gateway.pending_gates(run.run_id)
                 if gates:
                     pending[run.run_id] = gates
-        card = cards.status_message(runs, pending, self.command)
+        card = run_cards.status_message(runs, pending, self.command)
         await _reply(respond, card.text, card.blocks or None)
 
     async def _run_for(
@@ -329,7 +333,7 @@ class Commands:
             return
         except InvalidState:
             current = await ctx.gateway.get_run(run.run_id)
-            status = cards.run_status(current) if current else "finished"
+            status = run_cards.run_status(current) if current else "finished"
             await _reply(
                 respond, f"Run `{shown}` has already finished ({status}); nothing to cancel."
             )
@@ -367,7 +371,7 @@ class Commands:
             if current is not None and current.status is RunStatus.FAILED:
                 await _reply(respond, NOT_RETRYABLE.format(run=shown, command=self.command))
             else:
-                status = cards.run_status(current) if current else "gone"
+                status = run_cards.run_status(current) if current else "gone"
                 await _reply(
                     respond, f"Run `{shown}` is {status}; only a failed run can be retried."
                 )

@@ -51,23 +51,23 @@ def home_view(
     last ``decided`` gates (newest first), and a ``notice`` for what their last click did."""
     blocks: list[dict[str, Any]] = []
     if notice:
-        blocks.append(cards._section(notice))
+        blocks.append(cards.section(notice))
     shown = pending[:MAX_PENDING_SHOWN]
     more += len(pending) - len(shown)
     title = f"Waiting for your decision ({len(shown) + more})"
     blocks.append(_header(title))
     if not shown:
-        blocks.append(cards._context("Nothing waits for you right now."))
+        blocks.append(cards.context("Nothing waits for you right now."))
     for item in shown:
         blocks.extend(_pending_blocks(item))
     if more:
-        blocks.append(cards._context(f"…and {more} more, expiring later."))
+        blocks.append(cards.context(f"…and {more} more, expiring later."))
     blocks.append(_header("Your last decisions"))
     lines = [_decided_line(g) for g in decided[:MAX_DECISIONS_SHOWN]]
     if not lines:
-        blocks.append(cards._context("You have not decided anything yet."))
+        blocks.append(cards.context("You have not decided anything yet."))
     for i in range(0, len(lines), LINES_PER_SECTION):
-        blocks.append(cards._section("\n".join(lines[i : i + LINES_PER_SECTION])))
+        blocks.append(cards.section("\n".join(lines[i : i + LINES_PER_SECTION])))
     assert len(blocks) <= MAX_VIEW_BLOCKS
     return {"type": "home", "blocks": blocks}
 
@@ -90,17 +90,17 @@ def _pending_blocks(item: PendingItem) -> list[dict[str, Any]]:
     buttons: list[dict[str, Any]] = []
     if item.approve:
         value = cards.button_value(gate)
-        buttons.append(cards._button("Approve", cards.APPROVE_ACTION, value, style="primary"))
+        buttons.append(cards.button("Approve", cards.APPROVE_ACTION, value, style="primary"))
     buttons.append(
-        cards._button("Deny", cards.DENY_ACTION, cards.button_value(gate), style="danger")
+        cards.button("Deny", cards.DENY_ACTION, cards.button_value(gate), style="danger")
     )
     if item.thread:
-        link = cards._button("Open thread", HOME_THREAD_ACTION, gate.gate_id)
+        link = cards.button("Open thread", HOME_THREAD_ACTION, gate.gate_id)
         link["url"] = item.thread[:3000]
         buttons.append(link)
     return [
-        cards._section(f"{head}\n{facts}"),
-        cards._context(when),
+        cards.section(f"{head}\n{facts}"),
+        cards.context(when),
         {"type": "actions", "block_id": f"home:{gate.gate_id}", "elements": buttons},
         {"type": "divider"},
     ]

@@ -24,7 +24,7 @@ from typing import Any
 
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 
-from . import cards
+from . import cards, run_cards
 from .acking import Ack, ack_when_recorded, at_ack
 from .commands import MAX_TASK_CHARS, parse_task
 from .context import BotContext, Redeliver
@@ -224,7 +224,7 @@ class Mentions:
             if ack is not None:
                 await ack()
             return
-        root = cards.root_message(run.task, run.requested_by, run, ctx.settings.slash_command)
+        root = run_cards.root_message(run.task, run.requested_by, run, ctx.settings.slash_command)
         try:
             resp = await ctx.client.chat_postMessage(
                 channel=ask.channel, thread_ts=ask.thread, text=root.text, blocks=root.blocks

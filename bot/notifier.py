@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 
 from agent_core.models import Event, EventType, GateStatus
 
-from . import answers, assistant, cards
+from . import answers, assistant, cards, run_cards
 from .home import HomeFeed
 from .ports import EventConsumerLike, GatewayLike
 from .publisher import Publisher, RateLimited, TransientSlackError, raising_rate_limits
@@ -295,7 +295,7 @@ class Notifier:
             retry = None
             if data.get("retryable") is True:
                 retry = f"{self.publisher.command} retry {cards.clip_escaped(event.run_id, 100)}"
-            text = cards.run_failed_message(str(data.get("error") or ""), retry)
+            text = run_cards.run_failed_message(str(data.get("error") or ""), retry)
             # A retried run may fail again: one message per failure (per event).
             marker = f"failed:{event.id}"
             await self.publisher.post_in_thread(
@@ -303,13 +303,13 @@ class Notifier:
             )
             await self._approved_calls_at_failure(data)
         elif t is EventType.RUN_RETRIED:
-            text = cards.run_retried_message(data.get("by"))
+            text = run_cards.run_retried_message(data.get("by"))
             marker = f"retried:{event.id}"
             await self.publisher.post_in_thread(
                 event.run_id, origin, marker, [text], show_run=not skip_run
             )
         elif t is EventType.RUN_CANCELLED:
-            text = cards.run_cancelled_message(data.get("by"), data.get("reason"))
+            text = run_cards.run_cancelled_message(data.get("by"), data.get("reason"))
             await self.publisher.post_in_thread(
                 event.run_id, origin, "cancelled", [text], show_run=not skip_run
             )
@@ -391,7 +391,7 @@ class Notifier:
             if not skip_gate:
                 await self.publisher.show_gate(str(gate_id))
             return
-        text = cards.tool_message(str(data.get("tool") or "tool"), ok, in_doubt)
+        text = run_cards.tool_message(str(data.get("tool") or "tool"), ok, in_doubt)
         marker = f"tool:{data.get('call_id') or ''}"
         await self.publisher.post_in_thread(run_id, origin, marker, [text])
 

@@ -41,7 +41,7 @@ from agent_core import metrics
 from agent_core.gateway import valid_gate_id, valid_run_id
 from agent_core.models import Gate, GateStatus, Run
 
-from . import cards
+from . import cards, run_cards
 from .answers import Attachment, no_file_message
 from .ports import GatewayLike
 from .store import (
@@ -461,7 +461,7 @@ class Publisher:
             return None
         # A finished run names its calls that never ran (one more read, once it finished).
         gates = await self.gateway.gates(run_id) if run.status.finished else []
-        card = cards.root_message(run.task, run.requested_by, run, self.command, gates)
+        card = run_cards.root_message(run.task, run.requested_by, run, self.command, gates)
         d = digest(card)
         if rec.digest == d:
             return None

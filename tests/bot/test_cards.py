@@ -14,7 +14,7 @@ from slack_sdk.models.blocks import ActionsBlock, Block, HeaderBlock, SectionBlo
 from slack_sdk.models.views import View
 
 from agent_core import Gate, GateStatus, Run, RunStatus
-from bot import answers, cards
+from bot import answers, cards, run_cards
 from tests.slack_fake import MAX_BLOCKS_CHARS
 from tests.slack_fake import blocks_problem as _blocks_problem
 
@@ -260,32 +260,34 @@ def test_root_and_status_messages_are_valid() -> None:
         created_at=now,
         updated_at=now,
     )
-    assert_valid_message(cards.root_message(run.task, "U1", None))
-    root = cards.root_message(run.task, "U1", run)
+    assert_valid_message(run_cards.root_message(run.task, "U1", None))
+    root = run_cards.root_message(run.task, "U1", run)
     assert_valid_message(root)
     assert "/agent cancel r-abcdefghijkl" in all_text(root.blocks)
     done = run.model_copy(update={"status": RunStatus.COMPLETED})
-    assert "cancel" not in all_text(cards.root_message("x", "U1", done).blocks)
+    assert "cancel" not in all_text(run_cards.root_message("x", "U1", done).blocks)
     # A finished run names the gated calls that never ran; approved ones are not counted.
     g = make_gate()
     statuses = (GateStatus.APPROVED, GateStatus.DENIED, GateStatus.EXPIRED)
     gates = [g.model_copy(update={"status": s}) for s in statuses]
-    text = all_text(cards.root_message("x", "U1", done, gates=gates).blocks)
+    text = all_text(run_cards.root_message("x", "U1", done, gates=gates).blocks)
     assert "✅ completed · 2 calls not run: 1 denied, 1 expired" in text
-    assert "not run" not in all_text(cards.root_message("x", "U1", done, gates=gates[:1]).blocks)
+    assert "not run" not in all_text(
+        run_cards.root_message("x", "U1", done, gates=gates[:1]).blocks
+    )
     two = [gates[1], gates[1]]
-    assert "· 2 calls denied" in all_text(cards.root_message("x", "U1", done, gates=two).blocks)
+    assert "· 2 calls denied" in all_text(run_cards.root_message("x", "U1", done, gates=two).blocks)
     closed = [g.model_copy(update={"status": GateStatus.CANCELLED})]
     cancelled = run.model_copy(update={"status": RunStatus.CANCELLED})
-    root = all_text(cards.root_message("x", "U1", cancelled, gates=closed).blocks)
+    root = all_text(run_cards.root_message("x", "U1", cancelled, gates=closed).blocks)
     assert "✖️ cancelled · 1 call closed unanswered" in root
     # While the run is not finished, nothing is counted yet.
-    assert "denied" not in all_text(cards.root_message("x", "U1", run, gates=two).blocks)
+    assert "denied" not in all_text(run_cards.root_message("x", "U1", run, gates=two).blocks)
     runs = [run.model_copy(update={"run_id": f"r-{i:012d}"}) for i in range(20)]
-    status = cards.status_message(runs, {runs[0].run_id: [make_gate()] * 7})
+    status = run_cards.status_message(runs, {runs[0].run_id: [make_gate()] * 7})
     assert_valid_message(status)
     assert "and 2 more pending" in all_text(status.blocks)
-    assert "no runs" in cards.status_message([], {}).text
+    assert "no runs" in run_cards.status_message([], {}).text
 
 
 def test_a_run_paused_only_on_its_sub_agents_says_so() -> None:
@@ -300,16 +302,16 @@ def test_a_run_paused_only_on_its_sub_agents_says_so() -> None:
         updated_at=now,
         children_pending=1,
     )
-    root = all_text(cards.root_message(run.task, "U1", run).blocks)
+    root = all_text(run_cards.root_message(run.task, "U1", run).blocks)
     assert "🧩 waiting for its sub-agent" in root and "awaiting approval" not in root
     two = run.model_copy(update={"children_pending": 2})
-    assert "waiting for 2 sub-agents" in all_text(cards.status_message([two], {}).blocks)
+    assert "waiting for 2 sub-agents" in all_text(run_cards.status_message([two], {}).blocks)
     # A gate of its own open as well: it is awaiting approval.
     mixed = run.model_copy(update={"pending": 1})
-    assert "awaiting approval" in all_text(cards.root_message(run.task, "U1", mixed).blocks)
+    assert "awaiting approval" in all_text(run_cards.root_message(run.task, "U1", mixed).blocks)
     # Nothing left to wait for (its gates decided, its resume on the way): running again.
     resuming = run.model_copy(update={"children_pending": 0})
-    root = all_text(cards.root_message(run.task, "U1", resuming).blocks)
+    root = all_text(run_cards.root_message(run.task, "U1", resuming).blocks)
     assert "⚙️ running" in root and "awaiting" not in root and "waiting" not in root
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from agent_core import Decision, Gate, GateStatus, Run, RunStatus
 from agent_core.testing import FakeOpenAI, calls, reply
-from bot import answers, cards, conversations, directory
+from bot import answers, cards, conversations, directory, run_cards
 from bot.commands import NOT_RETRYABLE, Commands
 from tests.bot.conftest import APPROVER, CHANNEL, BotHarness, wait_until
 
@@ -192,10 +192,10 @@ def test_a_decided_card_gives_no_advice_about_a_button_it_no_longer_has() -> Non
 
 # ----------------------------------------------------------------------------- help texts
 def test_help_texts_show_their_placeholders() -> None:
-    usage = as_slack_shows(cards.usage("/agent"))
+    usage = as_slack_shows(run_cards.usage("/agent"))
     for line in ("/agent <task>", "/agent cancel <run id>", "/agent retry <run id>"):
         assert line in usage, usage
-    assert "/agent <task>" in as_slack_shows(cards.status_message([], {}).text)
+    assert "/agent <task>" in as_slack_shows(run_cards.status_message([], {}).text)
     for template in (conversations.CANCELLED, conversations.GONE, NOT_RETRYABLE):
         text = template.format(run="r-1", command="/agent")
         assert "/agent <task>" in as_slack_shows(text), text
@@ -223,8 +223,8 @@ def test_counts_agree_with_their_nouns() -> None:
         created_at=now,
         updated_at=now,
     )
-    one = str(cards.status_message([run], {run.run_id: [gate(0, {})]}).blocks)
+    one = str(run_cards.status_message([run], {run.run_id: [gate(0, {})]}).blocks)
     assert "1 run shown · 1 pending approval'" in one, one
-    six = str(cards.status_message([run, run], {run.run_id: [gate(0, {})] * 6}).blocks)
+    six = str(run_cards.status_message([run, run], {run.run_id: [gate(0, {})] * 6}).blocks)
     assert "…and 1 more pending approval\\n" in six or "…and 1 more pending approval'" in six
     assert "2 runs shown · 6 pending approvals" in six

@@ -29,7 +29,7 @@ from redis.exceptions import ResponseError
 from agent_core import Gateway, Keys, RunStatus, messages
 from agent_core.streams import stream_groups
 from agent_core.testing import FakeOpenAI
-from bot import cards
+from bot import cards, run_cards
 from tests.soak.chaos import Proc
 from tests.soak.config import AUDIT_GROUP, redis_failed
 from tests.soak.people import CallPlan, ChildRun, GateRecord, RunPlan, SoakSlack, op_depth
@@ -497,7 +497,7 @@ class Verdict:
             root = self.slack.message(
                 run.origin.get("channel", ""), run.origin.get("thread_ts", "")
             )
-            label = cards.status_label(run.status)
+            label = run_cards.status_label(run.status)
             if root is None or label not in json.dumps(root.blocks, ensure_ascii=False):
                 bad(f"root message of {run.run_id} does not say {label!r}")
 
