@@ -50,6 +50,7 @@ VIEWERS_NS = "home-viewers"  # sorted set under the deployment's tag: user → l
 DECIDED_NS = "home-decided"  # per person and shard: gate id → when they decided it
 NOTICE_NS = "home-notice"  # per person: what their last click on Home came to
 LEASE_NS = "home-lease"  # per person: held for PUBLISH_INTERVAL after each publish
+HASH_NS = "home-hash"  # per person: Slack's hash of the Home view last published
 VIEWER_DAYS = 30
 DECISIONS_DAYS = 400  # a person's decisions record outlives its last write this long
 PENDING_PER_SHARD = 100
@@ -83,6 +84,7 @@ class HomeFeed:
         self.published = 0
         self._due: dict[str, bool] = {}  # person → forced (publish even if unchanged)
         self._shown: dict[str, str] = {}  # person → digest of the view last published here
+        self._conflicts: dict[str, str | None] = {}  # person → the hash that last conflicted
         self._links: dict[str, str] = {}  # gate id → permalink of its card
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
@@ -261,9 +263,13 @@ class HomeFeed:
                     if user not in leased:
                         self._due[user] = self._due.get(user, False) or forced
                 if leased:
+                    # The views' hashes before the gates: a view another replica publishes
+                    # after this read (from newer gates) makes this one's publish a
+                    # hash_conflict instead of overwriting it with older ones.
+                    hashes = await self._hashes(leased)
                     pending = await self.pending_gates()
                     for user in leased:
-                        await self._publish(user, pending, force=due[user])
+                        await self._publish(user, pending, hashes[user], force=due[user])
                 failures = 0
             except Exception as exc:
                 failures += 1
@@ -290,18 +296,50 @@ class HomeFeed:
             got = await pipe.execute()
         return [u for u, ok in zip(users, got, strict=True) if ok]
 
-    async def _publish(self, user: str, pending: list[Gate], *, force: bool) -> None:
+    async def _hashes(self, users: list[str]) -> dict[str, str | None]:
+        """Slack's hash of each user's Home view as last published (by any replica)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for user in users:
+                pipe.get(self.keys.ext(HASH_NS, user))
+            got = await pipe.execute()
+        return {
+            u: (h.decode() if isinstance(h, bytes) else h) for u, h in zip(users, got, strict=True)
+        }
+
+    async def _publish(
+        self, user: str, pending: list[Gate], known: str | None, *, force: bool
+    ) -> None:
+        """Publish ``user``'s view of ``pending``, if Slack still shows the view whose hash is
+        ``known`` (read before ``pending``); else it is read and rendered again."""
         view = await self.view_for(user, pending)
         digest = hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()
         if not force and self._shown.get(user) == digest:
             return
+        hash_key = self.keys.ext(HASH_NS, user)
         try:
-            await self.client.views_publish(user_id=user, view=view)
+            if known:
+                resp = await self.client.views_publish(user_id=user, view=view, hash=known)
+            else:
+                resp = await self.client.views_publish(user_id=user, view=view)
         except Exception as exc:
+            if slack_error(exc) == "hash_conflict":
+                # Published meanwhile (by another replica, from newer gates): this view may be
+                # older. Read and render again. A hash that conflicts twice is forgotten, so
+                # that a view changed outside this deployment does not block its updates.
+                if self._conflicts.pop(user, None) == known:
+                    await self.redis.delete(hash_key)
+                else:
+                    self._conflicts[user] = known
+                self.touch([user], force=True)
+                return
             if is_transient(exc):
                 raise
             log.error("Slack refused the Home view of %s: %s", user, slack_error(exc))
             return
+        self._conflicts.pop(user, None)
+        got = (resp.get("view") or {}).get("hash")
+        if isinstance(got, str) and got:
+            await self.redis.set(hash_key, got, ex=VIEWER_DAYS * 86400)
         self.published += 1
         self._shown[user] = digest
 

@@ -9,8 +9,10 @@ Slack's views.publish.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -363,3 +365,33 @@ async def test_the_fake_refuses_what_slack_refuses_in_views_publish(fake_slack: 
         assert await error(user_id=APPROVER, view={"type": "home", "blocks": []}) == "not_enabled"
     finally:
         fake_slack.api.home_tab_enabled = True
+
+
+async def test_a_view_rendered_from_older_gates_never_overwrites_a_newer_one(
+    live: BotHarness, fake_openai: FakeOpenAI, make_bot: Callable[..., Awaitable[BotHarness]]
+) -> None:
+    """Two web replicas publish the same person's Home. One reads the gates, the gate is
+    decided and the other publishes the newer view; the first one's publish, from the older
+    gates, must not put the decided gate back as pending."""
+    other = await make_bot()
+    await open_home(live, APPROVER)
+    gate = await gated(live, fake_openai, "delete user 7", REQUESTER)
+    await home_shows(live, APPROVER, "delete_user")
+    slow, fast = live.server.context.home, other.server.context.home
+    assert slow is not None and fast is not None
+    hashes = await slow._hashes([APPROVER])  # what a slow replica read...
+    stale = await slow.pending_gates()
+    assert [g.gate_id for g in stale] == [gate.gate_id]
+
+    await home_click(live, cards.APPROVE_ACTION, cards.button_value(gate), APPROVER)
+    await status_is(live, gate.run_id, RunStatus.COMPLETED)
+    fast.touch([APPROVER], force=True)  # ...while another publishes the newer view
+    await home_lacks(live, APPROVER, f"home:{gate.gate_id}")
+    await slow._publish(APPROVER, stale, hashes[APPROVER], force=True)
+
+    # Slack refused the older view (hash_conflict); it was read and rendered again.
+    refused = [c for c in live.fake.calls_to("views.publish") if not c.ok]
+    assert [c.response.get("error") for c in refused] == ["hash_conflict"]
+    await asyncio.sleep(slow.interval + 0.5)
+    view = await home_lacks(live, APPROVER, f"home:{gate.gate_id}")
+    assert "✅ Approved" in text_of(view) and "Waiting for your decision (0)" in text_of(view)
