@@ -15,6 +15,7 @@ from agent_core import Agent, ContinueOutcome
 from agent_core.scripts import Scripts
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
 from tests.agents import desk, read_journal, ruled
+from tests.core.conftest import core_settings
 from tests.core.harness import Harness
 from tests.core.test_subagents import child_gate
 
@@ -89,10 +90,12 @@ async def test_approver_rules_get_the_primary_requester_and_the_full_set(
 
 
 async def test_a_run_stored_before_requesters_existed_gets_them_from_its_history(
-    harness: Harness, redis: Redis
+    redis: Redis, redis_url: str, fake_openai: FakeOpenAI
 ) -> None:
     # A run written by the previous version: no `requesters` field, authors in the history.
-    gw, k = harness.gateway, harness.keys
+    # No worker: the test plays the worker's part itself (the lease, the model's read).
+    idle = Harness(redis, core_settings(redis_url, fake_openai.base_url), desk)
+    gw, k = idle.gateway, idle.keys
     run = await gw.start_run("old run", requested_by="U1")
     rid = run.run_id
     await redis.hdel(k.run(rid), "requesters")
@@ -106,3 +109,4 @@ async def test_a_run_stored_before_requesters_existed_gets_them_from_its_history
     assert json.loads(await redis.hget(k.run(rid), "requesters")) == ["U1", "U2", "U3"]
     again = await gw.get_run(rid)
     assert again is not None and again.requesters == ["U1", "U2", "U3"]
+    await idle.close()
