@@ -450,13 +450,25 @@ class Gateway:
         if not valid_run_id(run_id, self.keys):
             return []
         ids = await self.redis.smembers(self.keys.run_gates(run_id))
+        return sorted(await self.gates_by_id(ids), key=lambda g: g.sort_key)
+
+    async def gates_by_id(self, gate_ids: Iterable[str]) -> list[Gate]:
+        """The gates of ``gate_ids`` that exist, in that order (one round trip); malformed
+        ids and gates purged meanwhile are left out."""
+        ids = [g for g in gate_ids if valid_gate_id(g, self.keys)]
         if not ids:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
             for g in ids:
                 pipe.hgetall(self.keys.gate(g))
             hashes = await pipe.execute()
-        return sorted((Gate.from_hash(h) for h in hashes if h), key=lambda g: g.sort_key)
+        out: list[Gate] = []
+        for h in hashes:
+            try:
+                out.append(Gate.from_hash(h))
+            except (KeyError, ValueError):
+                continue  # purged meanwhile (an empty hash), or not a gate
+        return out
 
     async def pending_gates(self, run_id: str) -> list[Gate]:
         """The run's gates still waiting for a decision, in the order of their calls."""

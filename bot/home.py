@@ -185,7 +185,7 @@ class HomeFeed:
                 pipe.zrange(k.deadlines(shard), 0, PENDING_PER_SHARD - 1)
             per_shard = await pipe.execute()
         ids = [g for rows in per_shard for g in rows]
-        gates = await self._gates(ids)
+        gates = await self.gateway.gates_by_id(ids)
         pending = [g for g in gates if g.status is GateStatus.PENDING and _from_slack(g)]
         return sorted(pending, key=lambda g: g.deadline)
 
@@ -196,25 +196,9 @@ class HomeFeed:
             for shard in k.all_shards():
                 pipe.zrevrange(self._decided_key(user, shard), 0, MAX_DECISIONS_SHOWN - 1)
             per_shard = await pipe.execute()
-        gates = await self._gates([g for rows in per_shard for g in rows])
+        gates = await self.gateway.gates_by_id([g for rows in per_shard for g in rows])
         mine = [g for g in gates if g.decided_by == user]
         return sorted(mine, key=lambda g: -(g.decided_at or 0))[:MAX_DECISIONS_SHOWN]
-
-    async def _gates(self, ids: list[str]) -> list[Gate]:
-        ids = [g for g in ids if self.keys.owns(g)]
-        if not ids:
-            return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for g in ids:
-                pipe.hgetall(self.keys.gate(g))
-            hashes = await pipe.execute()
-        out: list[Gate] = []
-        for h in hashes:
-            try:
-                out.append(Gate.from_hash(h))
-            except (KeyError, ValueError):
-                continue  # purged meanwhile, or not a gate
-        return out
 
     async def view_for(self, user: str, pending: list[Gate]) -> dict[str, Any]:
         """``user``'s Home view, from the pending gates read for this round."""

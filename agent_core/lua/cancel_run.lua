@@ -20,6 +20,7 @@ local by, reason, run_id, turn, told, attempt = ARGV[1], ARGV[2], ARGV[3], ARGV[
 --!include finished.lua
 --!include close_gate.lua
 --!include report_child.lua
+--!include json_list.lua
 local st = redis.call('HGET', run_key, 'status')
 if not st then return {'missing'} end
 if finished(st) then
@@ -56,13 +57,9 @@ for i = 11, #KEYS do
 end
 redis.call('HSET', run_key, 'status', 'cancelled', 'cancelled_by', by, 'pending', 0,
   'children_pending', 0, 'phase', 'done', 'cancel_attempt', attempt, 'updated_at', nowstr)
-local function ids(list)
-  if #list == 0 then return '[]' end
-  return cjson.encode(list)
-end
 local data = '{"run_id":' .. cjson.encode(run_id) .. ',"by":' .. cjson.encode(by)
-  .. ',"reason":' .. cjson.encode(reason) .. ',"never_ran":' .. ids(never)
-  .. ',"running":' .. ids(running) .. ',"origin":' .. origin .. '}'
+  .. ',"reason":' .. cjson.encode(reason) .. ',"never_ran":' .. json_list(never)
+  .. ',"running":' .. json_list(running) .. ',"origin":' .. origin .. '}'
 redis.call('XADD', events_key, '*', 'type', 'run.cancelled', 'run_id', run_id, 'data', data)
 redis.call('ZADD', finished_key, nowstr, run_id)
 redis.call('ZREM', active_key, run_id)

@@ -36,6 +36,7 @@ local told, turn, not_run, in_doubt, attempt = ARGV[7], ARGV[8], ARGV[9], ARGV[1
 --!include finished.lua
 --!include close_gate.lua
 --!include report_child.lua
+--!include json_list.lua
 local st = redis.call('HGET', run_key, 'status')
 if not st then return {ok = 'missing'} end
 if finished(st) then
@@ -80,13 +81,9 @@ if phase == 'tools' then
     end
   end
 end
-local function ids(list)
-  if #list == 0 then return '[]' end
-  return cjson.encode(list)
-end
 local head = string.sub(failed_data, 1, -2)
-local data = head .. (head == '{' and '' or ',') .. '"never_ran":' .. ids(never)
-  .. ',"in_doubt":' .. ids(doubt) .. '}'
+local data = head .. (head == '{' and '' or ',') .. '"never_ran":' .. json_list(never)
+  .. ',"in_doubt":' .. json_list(doubt) .. '}'
 redis.call('HSET', run_key, 'status', 'failed', 'error', err, 'phase', 'done',
   'failed_phase', phase, 'retryable', retryable, 'fail_attempt', attempt or '',
   'pending', 0, 'children_pending', 0, 'updated_at', nowarg)
