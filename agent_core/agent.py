@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from .approvers import Approver, RuleFn, as_approver
 from .exceptions import ConfigError
+from .nudges import Nudges, Seconds
 from .tools import Tool
 from .toolsets import Toolset
 
@@ -69,6 +70,13 @@ class Agent:
     """Sources of more tools, opened by the worker (MCP servers)."""
     approvers: Sequence[Approver | RuleFn] = ()
     """Rules consulted, in order, before a person is asked (see :mod:`agent_core.approvers`)."""
+    remind_after: Seconds | None = None
+    """Remind the approvers of a gate still pending this long (tools may set their own)."""
+    escalate_after: Seconds | None = None
+    """Let ``escalate_to`` decide a gate still pending this long (see :mod:`agent_core.nudges`)."""
+    escalate_to: str | Sequence[str] | None = None
+    """Who an escalated gate goes to as well: user or group ids."""
+    nudges: Nudges = field(init=False, repr=False, default_factory=Nudges)
     _by_name: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _own: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _version: tuple[int, ...] = field(init=False, repr=False, default=())
@@ -104,6 +112,10 @@ class Agent:
             raise ValueError(
                 f"agent {self.name!r}: approval_timeout must be a positive number of seconds"
             )
+        try:
+            self.nudges = Nudges.of(self.remind_after, self.escalate_after, self.escalate_to)
+        except ValueError as exc:
+            raise ValueError(f"agent {self.name!r}: {exc}") from None
         prompts = list(self.suggested_prompts)
         if len(prompts) > MAX_SUGGESTED_PROMPTS:
             raise ValueError(

@@ -16,6 +16,7 @@ from .agent import Agent
 from .approvers import RULE_PREFIX, ApprovalRequest, consult
 from .completions import clean_text
 from .models import requesters_of
+from .nudges import Nudges
 from .script_replies import GateToOpen, OpenOutcome
 from .scripts import Scripts
 
@@ -38,11 +39,13 @@ async def open_gates(
     indexes: list[int] | None = None,
     *,
     timeout: float,
+    nudges: Nudges = Nudges(),
 ) -> OpenOutcome:
     """Open one gate per call; the script's answer (``ok``: the run paused, ``decided``: the
     rules decided every call, ``lost``, ``stopped``, ``stale``). ``indexes``: each call's
     position among the turn's calls (default: its position in ``calls``), by which gates
-    are listed in call order."""
+    are listed in call order. ``nudges``: the settings' reminder and escalation, for calls
+    whose tool and agent set none."""
     run_id = run["run_id"]
     origin = json.loads(run.get("origin") or "{}")
     # Whoever spoke to the agent is a requester: everyone whose message the model had read
@@ -79,6 +82,7 @@ async def open_gates(
             "timeout": str(timeout),
             "nested": "1" if nested else "0",
             "path": json.dumps(path),
+            **t.nudges.over(agent.nudges).over(nudges).gate_fields(),
         }
         event = {
             "gate_id": gid,

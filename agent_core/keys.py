@@ -259,3 +259,9 @@ class Keys:
         under the deployment's own tag (a lock, request de-duplication)."""
         tag = self._global if shard is None else self.tag(shard)
         return f"{tag}:ext:{namespace}:{ident}"
+
+    # --- reminders and escalation (agent_core.nudges) ----------------------------------
+    def nudges(self, shard: int) -> str:
+        """Sorted set: a shard's pending reminders and escalations, ``remind:<gate id>`` and
+        ``escalate:<gate id>``, scored by when they are due (unix seconds)."""
+        return f"{self.tag(shard)}:nudges"

@@ -57,6 +57,8 @@ class EventType(str, Enum):
     RUN_CANCELLED = "run.cancelled"
     RUN_RETRIED = "run.retried"
     RUN_CONTINUED = "run.continued"
+    GATE_REMINDED = "gate.reminded"  # its approvers were reminded (agent_core.nudges)
+    GATE_ESCALATED = "gate.escalated"  # its escalate_to may decide it too from now on
 
 
 class ContinueOutcome(str, Enum):
@@ -155,6 +157,13 @@ class Gate(BaseModel):
     closed_by_failure: bool = False  # cancelled because the run failed
     index: int | None = None  # the call's position in its turn (None: a gate of an older core)
     turn_gates: int | None = None  # how many gates its turn opened (None: an older core's)
+    # Reminders and escalation (agent_core.nudges): when each step is due (None: none), who
+    # is escalated to, and when each step fired (None: not yet).
+    remind_at: float | None = None
+    escalate_at: float | None = None
+    escalate_to: list[str] = Field(default_factory=list)
+    reminded_at: float | None = None
+    escalated_at: float | None = None
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Gate:
@@ -184,7 +193,17 @@ class Gate(BaseModel):
             closed_by_failure=h.get("closed_by_failure") == "1",
             index=int(h["index"]) if h.get("index") else None,
             turn_gates=int(h["turn_gates"]) if h.get("turn_gates") else None,
+            remind_at=_opt_float(h.get("remind_at")),
+            escalate_at=_opt_float(h.get("escalate_at")),
+            escalate_to=_str_list(h.get("escalate_to")),
+            reminded_at=_opt_float(h.get("reminded_at")),
+            escalated_at=_opt_float(h.get("escalated_at")),
         )
+
+    def extra_approvers(self) -> list[str]:
+        """Who may decide this gate besides its approvers: its ``escalate_to`` once it was
+        escalated (the front end's check adds them to the approver list)."""
+        return list(self.escalate_to) if self.escalated_at is not None else []
 
     @property
     def sort_key(self) -> tuple[int, bool, int, float]:

@@ -34,6 +34,7 @@ from .exceptions import LeaseLost
 from .gating import args_hash
 from .keys import Keys
 from .models import Gate, GateStatus
+from .nudges import Nudges, check_agent
 from .script_replies import (
     Began,
     Claim,
@@ -87,6 +88,7 @@ class Runner:
         max_depth: int = children.DEFAULT_MAX_DEPTH,
         claim_replicas: int = 0,
         claim_wait_ms: int = 1000,
+        nudges: Nudges = Nudges(),
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -94,6 +96,9 @@ class Runner:
         self.client = client
         self.model = agent.model or model
         self.approval_timeout = agent.approval_timeout or approval_timeout
+        # The settings' reminder and escalation; a step that could never fire is refused now.
+        self.nudges = nudges
+        check_agent(agent, self.approval_timeout, nudges)
         self.maxlen = events_maxlen
         self.max_turns = max_turns
         self.max_calls_per_turn = max_calls_per_turn
@@ -657,6 +662,7 @@ class Runner:
             fence,
             indexes,
             timeout=self.approval_timeout,
+            nudges=self.nudges,
         )
         if res is OpenOutcome.LOST:
             raise LeaseLost(run["run_id"])

@@ -222,3 +222,19 @@ class WorkerRecords:
 
     now: str
     records: list[tuple[str, str]] = field(default_factory=list)
+
+
+class NudgeOutcome(str, Enum):
+    FIRED = "fired"  # this call fired the step
+    GONE = "gone"  # no such entry: fired already (by another worker), or removed by a decision
+    NOT_DUE = "not_due"
+    NOT_PENDING = "not_pending"  # the gate was decided or closed (or is gone): entry dropped
+    LATE = "late"  # the gate is past its deadline (its expiry comes next): entry dropped
+
+
+@dataclass(frozen=True)
+class Nudged:
+    """FIRE_NUDGE's answer: the outcome, and the gate hash when it fired."""
+
+    outcome: NudgeOutcome
+    gate: dict[str, str] | None = None

@@ -51,6 +51,8 @@ from .script_replies import (
     Lease,
     LeaseStatus,
     ModelRead,
+    Nudged,
+    NudgeOutcome,
     OpenOutcome,
     RepairOutcome,
     RetryOutcome,
@@ -334,6 +336,7 @@ class Scripts(ScriptSet):
             k.events(shard),
             k.run_gates(run_id),
             *(k.gate(g.gate_id) for g in gates),
+            k.nudges(shard),
         ]
         args: list[Any] = [fence, turn]
         for g in gates:
@@ -353,6 +356,7 @@ class Scripts(ScriptSet):
         k = self.keys
         shard = k.shard_of(gate_id)
         keys = [k.gate(gate_id), k.run(run_id), k.deadlines(shard), k.jobs(shard), k.events(shard)]
+        keys.append(k.nudges(shard))
         return keys, [gate_id, status, by, reason, attempt, run_id, seen_hash]
 
     @staticmethod
@@ -394,6 +398,15 @@ class Scripts(ScriptSet):
             self.redis, self.source("decide_gate"), keys, args, replicas, wait_ms
         )
         return self._decision_of(res), reached
+
+    async def fire_nudge(self, gate_id: str, step: str) -> Nudged:
+        """FIRE_NUDGE: fire a gate's reminder (``step="remind"``) or escalation
+        (``"escalate"``) once, while it is pending (see :mod:`agent_core.nudges`)."""
+        k = self.keys
+        shard = k.shard_of(gate_id)
+        keys = [k.gate(gate_id), k.nudges(shard), k.events(shard)]
+        res = await self._run("fire_nudge", keys, [gate_id, step])
+        return Nudged(NudgeOutcome(text(res[0])), pairs(res[1]) if len(res) > 1 else None)
 
     # --- reopening a run -------------------------------------------------------------------
     async def retry_run(

@@ -13,6 +13,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .exceptions import ConfigError
+from .nudges import Nudges, ids
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -152,6 +153,32 @@ class Settings(BaseSettings):
         gt=0,
         description="the seconds before a pending approval expires (an agent may set its own)",
     )
+    remind_after: float | None = Field(
+        None,
+        validation_alias="REMIND_AFTER",
+        ge=0,
+        description=(
+            "the seconds after which the approvers of a gate still pending are reminded, once "
+            "(a tool or an agent may set its own); unset or 0: no reminder"
+        ),
+    )
+    escalate_after: float | None = Field(
+        None,
+        validation_alias="ESCALATE_AFTER",
+        ge=0,
+        description=(
+            "the seconds after which a gate still pending is escalated to ESCALATE_TO, who may "
+            "then decide it too (a tool or an agent may set its own); unset or 0: none"
+        ),
+    )
+    escalate_to: str | None = Field(
+        None,
+        validation_alias="ESCALATE_TO",
+        description=(
+            "who a gate is escalated to after ESCALATE_AFTER: user IDs (U…) and/or user-group "
+            "IDs (S…), comma-separated"
+        ),
+    )
     max_turns: int = Field(
         30,
         validation_alias="MAX_TURNS",
@@ -256,11 +283,46 @@ class Settings(BaseSettings):
     def _agents(cls, v: str | None) -> str | None:
         return None if v is None else ",".join(parse_agents(v))
 
+    @field_validator("escalate_to")
+    @classmethod
+    def _escalate_to(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        try:
+            return ",".join(ids(v, "ESCALATE_TO") or ())
+        except ValueError as exc:
+            raise ValueError(str(exc).removeprefix("ESCALATE_TO: ")) from None
+
     @model_validator(mode="after")
     def _agent_or_agents(self) -> Settings:
         if self.agents_spec is not None and "agent" in self.model_fields_set:
             raise ValueError(BOTH_AGENT_VARIABLES)
         return self
+
+    @model_validator(mode="after")
+    def _nudges_fit(self) -> Settings:
+        nudges = self.nudges  # ValueError for ESCALATE_AFTER without ESCALATE_TO, and back
+        for var, value in (
+            ("REMIND_AFTER", nudges.remind_after),
+            ("ESCALATE_AFTER", nudges.escalate_after),
+        ):
+            if value and value >= self.approval_timeout:
+                raise ValueError(
+                    f"{var} ({value:g} s) is not shorter than APPROVAL_TIMEOUT "
+                    f"({self.approval_timeout:g} s), so it would never fire"
+                )
+        return self
+
+    @property
+    def nudges(self) -> Nudges:
+        """The default reminder and escalation of every gate (REMIND_AFTER,
+        ESCALATE_AFTER, ESCALATE_TO; see :mod:`agent_core.nudges`)."""
+        return Nudges.of(
+            self.remind_after,
+            self.escalate_after,
+            self.escalate_to,
+            names=("REMIND_AFTER", "ESCALATE_AFTER", "ESCALATE_TO"),
+        )
 
     @property
     def agents(self) -> list[str]:

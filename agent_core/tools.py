@@ -11,13 +11,14 @@ import asyncio
 import inspect
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .exceptions import ToolArgumentsError, ToolDefinitionError
+from .nudges import Nudges, Seconds
 
 ApprovalRule = bool | Callable[[dict[str, Any]], bool] | None
 MAX_DESCRIPTION_CHARS = 1024
@@ -72,6 +73,7 @@ class Tool:
     requires_approval: ApprovalRule = None
     idempotent: bool = False
     schema: dict[str, Any] = field(default_factory=dict)
+    nudges: Nudges = field(default_factory=Nudges)  # reminders, escalation (agent_core.nudges)
 
     @classmethod
     def from_function(
@@ -82,6 +84,9 @@ class Tool:
         description: str | None = None,
         requires_approval: ApprovalRule = None,
         idempotent: bool = False,
+        remind_after: Seconds | None = None,
+        escalate_after: Seconds | None = None,
+        escalate_to: str | Iterable[str] | None = None,
     ) -> Tool:
         """Describe ``fn`` as a tool (see :func:`tool`)."""
         if not callable(fn):
@@ -91,6 +96,10 @@ class Tool:
             raise ToolDefinitionError(f"{fn!r} has no __name__: pass name=")
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tool_name):
             raise ToolDefinitionError(f"tool name {tool_name!r} must match [A-Za-z0-9_-]{{1,64}}")
+        try:
+            nudges = Nudges.of(remind_after, escalate_after, escalate_to)
+        except ValueError as exc:
+            raise ToolDefinitionError(f"tool {tool_name}: {exc}") from None
         doc_desc, param_docs = _parse_docstring(inspect.getdoc(fn))
         try:
             hints = inspect.get_annotations(fn, eval_str=True)
@@ -132,6 +141,7 @@ class Tool:
             requires_approval=requires_approval,
             idempotent=idempotent,
             schema=schema,
+            nudges=nudges,
         )
 
     def openai_schema(self) -> dict[str, Any]:
@@ -218,6 +228,9 @@ def tool(
     description: str | None = None,
     requires_approval: ApprovalRule = None,
     idempotent: bool = False,
+    remind_after: Seconds | None = None,
+    escalate_after: Seconds | None = None,
+    escalate_to: str | Iterable[str] | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -229,12 +242,18 @@ def tool(
     description: str | None = None,
     requires_approval: ApprovalRule = None,
     idempotent: bool = False,
+    remind_after: Seconds | None = None,
+    escalate_after: Seconds | None = None,
+    escalate_to: str | Iterable[str] | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function (sync or async) into a :class:`Tool`.
 
     ``requires_approval``: ``True`` always gates, ``False`` never does, a callable decides from
     the call's arguments (a dict; if it raises, the call is gated), ``None`` follows the agent's
     ``approval_policy``. ``idempotent=True`` lets a call left in doubt by a crash run again.
+    ``remind_after`` (seconds or a timedelta) reminds the approvers of a gate still pending
+    then; ``escalate_after`` lets ``escalate_to`` (user or group ids) decide it too from then
+    on (see :mod:`agent_core.nudges`; ``None`` follows the agent, ``0`` turns a step off).
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -244,6 +263,9 @@ def tool(
             description=description,
             requires_approval=requires_approval,
             idempotent=idempotent,
+            remind_after=remind_after,
+            escalate_after=escalate_after,
+            escalate_to=escalate_to,
         )
 
     if fn is not None:

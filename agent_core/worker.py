@@ -29,6 +29,7 @@ from .connections import reachable_redis
 from .exceptions import ConfigError, GateNotFound, LeaseLost
 from .gateway import Gateway, valid_run_id
 from .keys import Keys
+from .nudges import NudgeSweeper
 from .runner import Runner
 from .runtime import freeze_startup_heap
 from .script_replies import Began, LeaseStatus
@@ -102,6 +103,7 @@ class Worker:
                 claim_replicas=settings.decision_replicas,
                 model_retries=settings.openai_max_retries,
                 retry_budget=settings.openai_retry_budget,
+                nudges=settings.nudges,
             )
             for a in self.agents.values()
         }
@@ -128,6 +130,7 @@ class Worker:
         ]
         self.max_deliveries = settings.job_max_deliveries
         self.scripts = Scripts(redis, self.keys)
+        self.nudger = NudgeSweeper(redis, self.keys, self.scripts)
         self._slots = asyncio.Semaphore(settings.worker_concurrency)
         self._inflight: set[asyncio.Task[None]] = set()
         # The jobs this worker is advancing, by (stream, id): one that its heartbeat could not
@@ -462,13 +465,15 @@ class Worker:
                 await forget_dead_consumers(self.redis, stream)
 
     async def sweep(self, limit: int = 100) -> int:
-        """Expire every overdue gate (several workers may sweep at once); how many moved."""
+        """Expire every overdue gate, and fire the reminders and escalations that are due
+        (several workers may sweep at once); how many gates expired."""
         moved, _more, _next_in = await self._sweep_once(limit)
         return moved
 
     async def _sweep_once(self, limit: int = 100) -> tuple[int, bool, float | None]:
-        """One pass: (gates expired, whether more may be due, seconds to the next deadline).
-        The deadlines of every shard are read once per pass."""
+        """One pass: (gates expired, whether more may be due, seconds to the next deadline,
+        reminder or escalation). The deadlines of every shard are read once per pass, expiries
+        first: a gate past its deadline is expired, never reminded."""
         due, next_in = await self.gateway.due_gates(limit)
         moved = 0
         for gate_id in due:
@@ -481,7 +486,9 @@ class Worker:
             if res is not None and res.applied:
                 moved += 1
                 log.info("gate %s expired", gate_id)
-        return moved, len(due) >= limit, next_in
+        _fired, more, nudge_in = await self.nudger.sweep(limit)
+        soonest = min((t for t in (next_in, nudge_in) if t is not None), default=None)
+        return moved, more or len(due) >= limit, soonest
 
 
 async def run_worker(

@@ -4,7 +4,8 @@
 -- the card said so. A retry of the attempt that decided (its reply lost) is told `applied`
 -- again, not that it was decided already (by itself), and writes the attempt again (a WAIT
 -- after it covers it).
--- KEYS: gate_key, run_key, deadlines_key, jobs_key, events_key
+-- KEYS: gate_key, run_key, deadlines_key, jobs_key, events_key, nudges_key (its pending
+--   reminder and escalation are removed with the deadline)
 -- ARGV: gate_id, status (approved|denied|expired), by, reason, attempt (the decider's
 --   attempt id, '' for none: made once, kept across retries), run_id (must match the
 --   gate's), seen_hash (the arguments hash the decider saw; '' when not given: the gate's
@@ -14,6 +15,8 @@
 --   the gate's: nothing decided); the last three carry no hash.
 local gate_key, run_key, deadlines_key, jobs_key, events_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local nudges_key = KEYS[6]
+--!include nudges.lua
 local gate_id, wanted, decider, why, attempt, run_id, seen_hash =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local st = redis.call('HGET', gate_key, 'status')
@@ -48,6 +51,7 @@ end
 redis.call('HSET', gate_key, 'status', status, 'decided_by', by, 'reason', reason,
   'decided_at', nowstr, 'decided_hash', seen, 'decided_attempt', attempt)
 redis.call('ZREM', deadlines_key, gate_id)
+drop_nudges(nudges_key, gate_id)
 local g = redis.call('HMGET', gate_key, 'tool', 'turn', 'call_id')
 local origin = redis.call('HGET', run_key, 'origin') or '{}'
 local data = '{"gate_id":' .. cjson.encode(gate_id) .. ',"run_id":' .. cjson.encode(run_id)

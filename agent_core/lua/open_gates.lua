@@ -4,7 +4,7 @@
 -- is written. A gate an approver rule decided (agent_core.approvers) is opened decided, with
 -- both its events; when every gate of the turn is decided so, the run does not pause.
 -- KEYS: run_key, turn_key, deadlines_key, events_key, run_gates_key, then one gate hash per
---   gate, in ARGV order
+--   gate, in ARGV order, then nudges_key (the shard's reminders and escalations)
 -- ARGV: fence, turn (guard), then per gate 5 values: gate id, timeout in seconds, gate
 --   fields (flat JSON object of strings, among them `index`: the call's position in the
 --   turn, by which gates are listed, and `status`), gate.opened event data JSON without its
@@ -19,10 +19,12 @@ local fence, turn = ARGV[1], ARGV[2]
 --!include clock.lua
 --!include lease.lua
 --!include steps.lua
+--!include nudges.lua
 local n = (#ARGV - 2) / 5
-if n < 1 or n ~= math.floor(n) or #KEYS ~= 5 + n then
+if n < 1 or n ~= math.floor(n) or #KEYS ~= 6 + n then
   return redis.error_reply('OPEN_GATES: bad arguments')
 end
+local nudges_key = KEYS[#KEYS]
 if not holds(run_key, fence) then return {ok = 'lost'} end
 if step_done(run_key, fence, 'open:' .. turn) then
   -- Paused (awaiting approval) unless every gate was decided by a rule.
@@ -67,6 +69,7 @@ for i = 1, n do
   redis.call('HSET', gate_key, unpack(flat))
   if not decided then
     redis.call('ZADD', deadlines_key, deadline, gid)
+    schedule_nudges(gate_key, nudges_key, gid, tnow, fields, tonumber(ARGV[base + 2]))
     pending = pending + 1
   end
   redis.call('SADD', run_gates_key, gid)
