@@ -107,13 +107,29 @@ class Approvers:
                     "You asked for this run, so someone else has to approve its tool calls "
                     "(self-approval is off: ALLOW_SELF_APPROVAL)."
                 )
-            if user_id in gate.requesters and not await self.why_not(user_id, external=external):
+            if user_id in gate.requesters and not await self._why_not_for(user_id, gate, external):
                 return (
                     "You spoke to the agent in this run's thread before it asked for this "
                     "call, so you are one of its requesters: someone else has to approve it "
                     "(self-approval is off: ALLOW_SELF_APPROVAL)."
                 )
-        return await self.why_not(user_id, external=external)
+        return await self._why_not_for(user_id, gate, external)
+
+    async def _why_not_for(self, user_id: str, gate: Gate, external: bool) -> str | None:
+        """:meth:`why_not`, with the people the gate was escalated to (by user id or user
+        group, see :meth:`agent_core.models.Gate.extra_approvers`) counted as approvers."""
+        why = await self.why_not(user_id, external=external)
+        if why is not None and await self.escalated_to(user_id, gate):
+            return None
+        return why
+
+    async def escalated_to(self, user_id: str, gate: Gate) -> bool:
+        """Whether ``gate`` was escalated to ``user_id``: listed in its ``escalate_to`` by
+        user id or through a user group (looked up as APPROVERS' groups are: fails closed)."""
+        for ident in gate.extra_approvers():
+            if ident == user_id or (ident[:1] == "S" and user_id in await self._members(ident)):
+                return True
+        return False
 
     async def _members(self, group: str) -> frozenset[str]:
         cached = self._cache.get(group)

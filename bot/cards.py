@@ -316,6 +316,7 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
         )
     blocks.append(context(" · ".join(notes)))
     blocks.append(section(outcome_line(gate)))
+    blocks.extend(nudge_blocks(gate))
     blocks.extend(result_blocks(gate, result, limit=text_limit if compact else RESULT_LIMIT))
     if pending:
         buttons = [
@@ -333,6 +334,14 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
         f"requested by {requesters(gate, limit=3)})"
     )
     return Card(text=text, blocks=blocks)
+
+
+def nudge_blocks(gate: Gate) -> list[dict[str, Any]]:
+    """The card's line about the gate's reminder and escalation, if it has any."""
+    from .nudges import nudge_line  # it renders with this module's helpers
+
+    line = nudge_line(gate)
+    return [context(line)] if line else []
 
 
 def call_path(gate: Gate) -> str:

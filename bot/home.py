@@ -128,10 +128,14 @@ class HomeFeed:
                 self._task = asyncio.create_task(self._run(), name="home-feed")
 
     async def on_event(self, event: Event) -> None:
-        """A gate opened or was decided: record a person's decision, and mark as due every
+        """A gate opened, was escalated or was decided: record a person's decision, and mark as due every
         viewer who may decide the gate (and whoever decided it). Never raises."""
-        if event.type not in (EventType.GATE_OPENED, EventType.GATE_DECIDED):
-            return
+        if event.type not in (
+            EventType.GATE_OPENED,
+            EventType.GATE_DECIDED,
+            EventType.GATE_ESCALATED,
+        ):
+            return  # an escalation widens who may decide: their Home lists the gate now
         data = event.data
         gate_id = str(data.get("gate_id") or "")
         try:

@@ -21,7 +21,7 @@ import os
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -30,6 +30,7 @@ from agent_core.models import Event, EventType, GateStatus
 
 from . import answers, assistant, cards, run_cards
 from .home import HomeFeed
+from .nudges import ESCALATE, REMIND, Nudger
 from .ports import EventConsumerLike, GatewayLike
 from .publisher import Publisher, RateLimited, TransientSlackError, raising_rate_limits
 from .store import LockBusy, Store
@@ -70,13 +71,15 @@ class Notifier:
         block_ms: int = 1000,
         concurrency: int = 1,
         home: HomeFeed | None = None,
+        approvers: Sequence[str] = (),
     ) -> None:
         """``home``: the App Home views to refresh when a gate opens or is decided.
         ``concurrency`` (NOTIFIER_CONCURRENCY): events of different threads handled at
         the same moment. One is the default: a click's own card is updated by its handler,
         and on a busy web process more notifier tasks took the event loop from the clicks
         (the Slack bench on 2 cores: ack p99 at 100 clicks/s 41 ms with 1, 64 with 4, 254
-        with 16). A thread waiting out a 429 holds no slot."""
+        with 16). A thread waiting out a 429 holds no slot. ``approvers``: whom a reminder
+        mentions (APPROVERS)."""
         self.gateway = gateway
         self.publisher = publisher
         self.store = store
@@ -86,6 +89,7 @@ class Notifier:
         self.block_ms = block_ms
         self.concurrency = concurrency
         self.home = home
+        self.nudger = Nudger(publisher, store, approvers)
         self.handled = 0
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -276,6 +280,12 @@ class Notifier:
                 await self.publisher.show_turn(gate.run_id, gate.turn)
             # The root message: running again once nothing awaits a person.
             await self._show_run(event.run_id, skip_run or bool(origin.get("parent_run")))
+        elif t in (EventType.GATE_REMINDED, EventType.GATE_ESCALATED):
+            gate_id = str(data["gate_id"])
+            await self.publisher.show_gate(gate_id)  # its line: what fired, what comes next
+            await self.nudger.announce(
+                gate_id, REMIND if t is EventType.GATE_REMINDED else ESCALATE
+            )
         elif t is EventType.TOOL_EXECUTED:
             await self._tool_executed(event.run_id, data, origin, skip_gate=skip_gate)
         elif t in (EventType.RUN_STARTED, EventType.RUN_CONTINUED):
@@ -587,8 +597,12 @@ def _gate_shown(event: Event) -> str | None:
     return None
 
 
+# A reminder or an escalation changes the card only, not the run's root message.
 _ROOT_UPDATES = frozenset(
-    t for t in EventType if t.value.startswith("run.") or t.value.startswith("gate.")
+    t
+    for t in EventType
+    if (t.value.startswith("run.") or t.value.startswith("gate."))
+    and t not in (EventType.GATE_REMINDED, EventType.GATE_ESCALATED)
 )
 
 

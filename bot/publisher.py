@@ -555,6 +555,14 @@ class Publisher:
         file_id = shared.get("id") if isinstance(shared, dict) else None
         await self.store.mark_posted(run_id, f"{marker}:file", str(file_id or "shared"))
 
+    async def post_message(self, channel: str, thread_ts: str | None, text: str) -> str | None:
+        """Post ``text`` (in ``thread_ts``'s thread): its ts, or None when Slack refused for
+        good (logged). Raises :class:`TransientSlackError` as :meth:`show_gate` does."""
+        resp = await self._call(
+            "chat_postMessage", post=True, channel=channel, thread_ts=thread_ts, text=text
+        )
+        return None if resp is None else str(resp.get("ts") or "")
+
     async def tell(
         self,
         user_id: str,

@@ -47,7 +47,7 @@ from .directory import AgentDirectory
 from .notifier import Notifier
 from .ports import GatewayLike
 from .publisher import slack_error
-from .settings import PLAYGROUND_HINT, BotSettings, load_settings
+from .settings import PLAYGROUND_HINT, BotSettings, load_settings, parse_approvers
 
 log = logging.getLogger("bot")
 
@@ -218,6 +218,7 @@ class BotServer:
             block_ms=notifier_block_ms,
             concurrency=settings.notifier_concurrency,
             home=self.context.home,
+            approvers=parse_approvers(settings.approvers),
         )
         self.host = settings.web_host if host is None else host
         self.port = settings.port if port is None else port

@@ -173,6 +173,11 @@ class Store:
             self.card_key(gate_id), RECORD_TTL_SECONDS, _result_fields(result)
         )
 
+    async def mark_nudged(self, gate_id: str, step: str, ts: str) -> None:
+        """The reply of a gate's reminder or escalation (``step``) was posted (``ts``; or
+        refused for good): it is never posted again."""
+        await self._hset(self.card_key(gate_id), {f"nudge:{step}": ts})
+
     # --- runs -------------------------------------------------------------------------
     def run_key(self, run_id: str) -> str:
         return self.keys.ext(RUN_NS, run_id, self._shard(run_id))
