@@ -37,7 +37,7 @@ from slack_bolt.listener_matcher.async_listener_matcher import AsyncCustomListen
 from slack_bolt.middleware.assistant.async_assistant import AsyncAssistant
 
 from agent_core.agent import Agent
-from agent_core.models import Event, EventType, Run
+from agent_core.models import Event, EventType, GateStatus, Run
 
 from .acking import Ack, ack_when_recorded, at_ack, in_background
 from .cards import escape
@@ -306,6 +306,12 @@ class StatusLine:
             asked = data.get("requesters")
             who = [str(u) for u in asked] if isinstance(asked, list) else []
             return await self.waiting([str(data.get("requested_by") or ""), *who])
+        if t in (EventType.GATE_REMINDED, EventType.GATE_ESCALATED):
+            # Its reply in the thread cleared the status line: still waiting, if it is.
+            gate = await self.ctx.gateway.get_gate(str(data.get("gate_id") or ""))
+            if gate is None or gate.status is not GateStatus.PENDING:
+                return None
+            return await self.waiting([gate.requested_by, *gate.requesters])
         if t is EventType.GATE_DECIDED and data.get("status") != "cancelled":
             # A turn resumes when its last gate is decided; a cancelled gate's run ends next.
             pending = await self.ctx.gateway.pending_gates(event.run_id)

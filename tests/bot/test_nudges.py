@@ -25,6 +25,7 @@ from tests.bot.conftest import (
     journal_lines,
     wait_until,
 )
+from tests.bot.test_assistant import WAITING_AVERY, offering, one_run, open_thread, thread_of
 from tests.bot.test_home import home_click, home_shows, open_home, text_of
 from tests.slack_fake import FakeSlack
 
@@ -250,3 +251,28 @@ async def test_the_escalation_group_approves_all_and_on_home_only_once_escalated
     await wait_until(done, timeout=15)
     assert sorted(journal_lines(journal)) == ["delete_user:1", "delete_user:2"]
     assert [g.decided_by for g in await bot.gateway.gates(run_id)] == [LEAD, LEAD]
+
+
+async def test_in_an_assistant_thread_the_reminder_keeps_the_waiting_status(
+    make_bot: Callable[..., Awaitable[BotHarness]],
+    redis_url: str,
+    fake_openai: FakeOpenAI,
+) -> None:
+    bot = offering(await make_bot(APPROVERS=APPROVER))
+    bot.fake.set_user(APPROVER, "Avery")
+    bot.start_worker(redis_url, fake_openai.base_url, REMIND_AFTER=1)
+    fake_openai.script("delete user 5", [call("delete_user", {"user_id": "5"}), reply("done")])
+    started = await open_thread(bot)
+    channel, ts = thread_of(started)
+    assert (
+        await bot.client.event(bot.fake.assistant_message(started, "delete user 5"))
+    ).status == 200
+    run = await one_run(bot)
+    await bot.gate_of(run.run_id)
+    reminder = f"⏰ Reminder for <@{APPROVER}>: `delete_user`"
+    await bot.fake.wait_for(
+        lambda f: any(m.text.startswith(reminder) for m in f.thread(channel, ts)), what="reminder"
+    )
+    await asyncio.sleep(0.3)
+    # The reply cleared the status line (as Slack does); the bot set it again.
+    assert bot.fake.status(channel, ts) == WAITING_AVERY
