@@ -116,3 +116,30 @@ async def test_star_covers_only_this_workspace_unless_external_approvers_are_all
     listed = Approvers(["U1"], client)
     why = await listed.why_not_decide("U9", gate(), approve=True, external=True) or ""
     assert "not on the approver list" in why and "ALLOW_EXTERNAL_APPROVERS" not in why
+
+
+async def test_an_escalation_widens_who_may_decide_that_gate_only_and_keeps_every_rule(
+    client: AsyncWebClient, fake_slack: FakeSlack
+) -> None:
+    fake_slack.set_usergroup("S0LEADS", ["U0LEAD", "U0REQ", "U0SPOKE"])
+    a = Approvers(["U1"], client)
+    waiting = gate().model_copy(update={"escalate_to": ["S0LEADS", "U0BOSS"]})
+    escalated = waiting.model_copy(
+        update={"escalated_at": waiting.created_at + 60, "requesters": ["U0REQ", "U0SPOKE"]}
+    )
+    # Before the escalation, escalate_to may not decide; after, on that gate only.
+    for user in ("U0LEAD", "U0BOSS"):
+        assert "not on the approver list" in (
+            await a.why_not_decide(user, waiting, approve=True) or ""
+        )
+        assert await a.why_not_decide(user, escalated, approve=True) is None
+        assert await a.why_not_decide(user, gate(), approve=True) is not None
+    # The requesters stay requesters: neither the starter nor who spoke may approve.
+    assert "ALLOW_SELF_APPROVAL" in (await a.why_not_decide("U0REQ", escalated, approve=True) or "")
+    spoke = await a.why_not_decide("U0SPOKE", escalated, approve=True) or ""
+    assert "one of its requesters" in spoke
+    assert await a.why_not_decide("U0SPOKE", escalated, approve=False) is None
+    # A group that cannot be looked up counts as empty.
+    broken = Approvers(["U1"], client)
+    lost = escalated.model_copy(update={"escalate_to": ["S0GONE"]})
+    assert await broken.why_not_decide("U0LEAD", lost, approve=True) is not None
