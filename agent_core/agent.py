@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from .approvers import Approver, RuleFn, as_approver
 from .exceptions import ConfigError
+from .quorum import ApprovalsOption, check_approvals
 from .tools import Tool
 from .toolsets import Toolset
 
@@ -69,6 +70,9 @@ class Agent:
     """Sources of more tools, opened by the worker (MCP servers)."""
     approvers: Sequence[Approver | RuleFn] = ()
     """Rules consulted, in order, before a person is asked (see :mod:`agent_core.approvers`)."""
+    approvals: ApprovalsOption = None
+    """How many approvers a gated call needs, for tools that set none (see
+    :mod:`agent_core.quorum`): a number of distinct people, or user-group IDs."""
     _by_name: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _own: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _version: tuple[int, ...] = field(init=False, repr=False, default=())
@@ -119,6 +123,7 @@ class Agent:
                 raise ValueError(
                     f"agent {self.name!r}: a suggested prompt is a text or (title, message)"
                 )
+        self.approvals = check_approvals(self.approvals, f"agent {self.name!r}")
         rules = [as_approver(r) for r in self.approvers]
         rule_names = [r.name for r in rules]
         if len(set(rule_names)) != len(rule_names):

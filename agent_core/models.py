@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .quorum import Approval, Quorum, approvals_of
+
 
 class RunStatus(str, Enum):
     """``queued → running → awaiting_approval → running → … → completed | failed | cancelled``."""
@@ -57,6 +59,7 @@ class EventType(str, Enum):
     RUN_CANCELLED = "run.cancelled"
     RUN_RETRIED = "run.retried"
     RUN_CONTINUED = "run.continued"
+    GATE_APPROVAL = "gate.approval"  # one approval counted; the gate needs more (quorum)
 
 
 class ContinueOutcome(str, Enum):
@@ -155,6 +158,9 @@ class Gate(BaseModel):
     closed_by_failure: bool = False  # cancelled because the run failed
     index: int | None = None  # the call's position in its turn (None: a gate of an older core)
     turn_gates: int | None = None  # how many gates its turn opened (None: an older core's)
+    # More than one approver (agent_core.quorum): None when one approval decides.
+    quorum: Quorum | None = None
+    approvals: list[Approval] = Field(default_factory=list)  # counted so far, in order
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Gate:
@@ -184,6 +190,8 @@ class Gate(BaseModel):
             closed_by_failure=h.get("closed_by_failure") == "1",
             index=int(h["index"]) if h.get("index") else None,
             turn_gates=int(h["turn_gates"]) if h.get("turn_gates") else None,
+            quorum=Quorum.from_field(h.get("quorum")),
+            approvals=approvals_of(h.get("approvals")),
         )
 
     @property
@@ -202,6 +210,11 @@ class DecideResult(BaseModel):
 
     applied: bool
     gate: Gate
+    # A quorum's approval recorded without deciding the gate (it needs more approvals).
+    counted: bool = False
+    # Why an approval was refused, nothing recorded: requester | again (this person has
+    # approved already) | group (their groups have approved already) | not_member.
+    refused: str | None = None
 
     @property
     def status(self) -> GateStatus:

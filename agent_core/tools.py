@@ -18,6 +18,7 @@ from typing import Any, overload
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .exceptions import ToolArgumentsError, ToolDefinitionError
+from .quorum import ApprovalsOption, check_approvals
 
 ApprovalRule = bool | Callable[[dict[str, Any]], bool] | None
 MAX_DESCRIPTION_CHARS = 1024
@@ -72,6 +73,7 @@ class Tool:
     requires_approval: ApprovalRule = None
     idempotent: bool = False
     schema: dict[str, Any] = field(default_factory=dict)
+    approvals: ApprovalsOption = None  # more than one approver: see agent_core.quorum
 
     @classmethod
     def from_function(
@@ -82,6 +84,7 @@ class Tool:
         description: str | None = None,
         requires_approval: ApprovalRule = None,
         idempotent: bool = False,
+        approvals: ApprovalsOption = None,
     ) -> Tool:
         """Describe ``fn`` as a tool (see :func:`tool`)."""
         if not callable(fn):
@@ -91,6 +94,10 @@ class Tool:
             raise ToolDefinitionError(f"{fn!r} has no __name__: pass name=")
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tool_name):
             raise ToolDefinitionError(f"tool name {tool_name!r} must match [A-Za-z0-9_-]{{1,64}}")
+        try:
+            approvals = check_approvals(approvals, f"tool {tool_name}")
+        except ValueError as exc:
+            raise ToolDefinitionError(str(exc)) from None
         doc_desc, param_docs = _parse_docstring(inspect.getdoc(fn))
         try:
             hints = inspect.get_annotations(fn, eval_str=True)
@@ -132,6 +139,7 @@ class Tool:
             requires_approval=requires_approval,
             idempotent=idempotent,
             schema=schema,
+            approvals=approvals,
         )
 
     def openai_schema(self) -> dict[str, Any]:
@@ -218,6 +226,7 @@ def tool(
     description: str | None = None,
     requires_approval: ApprovalRule = None,
     idempotent: bool = False,
+    approvals: ApprovalsOption = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -229,12 +238,15 @@ def tool(
     description: str | None = None,
     requires_approval: ApprovalRule = None,
     idempotent: bool = False,
+    approvals: ApprovalsOption = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function (sync or async) into a :class:`Tool`.
 
     ``requires_approval``: ``True`` always gates, ``False`` never does, a callable decides from
     the call's arguments (a dict; if it raises, the call is gated), ``None`` follows the agent's
     ``approval_policy``. ``idempotent=True`` lets a call left in doubt by a crash run again.
+    ``approvals``: more than one approver for a gated call: a number of distinct people
+    (``2``), or a list of Slack user-group IDs, one approver from each (default: the agent's).
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -244,6 +256,7 @@ def tool(
             description=description,
             requires_approval=requires_approval,
             idempotent=idempotent,
+            approvals=approvals,
         )
 
     if fn is not None:
