@@ -315,7 +315,11 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
             f"characters.{advice}",
         )
     blocks.append(context(" · ".join(notes)))
-    blocks.append(section(outcome_line(gate)))
+    # More than one approver (bot/quorum_view.py): progress while pending, every approver after.
+    from . import quorum_view  # it builds on this module's helpers
+
+    line = quorum_view.outcome_line(gate) or outcome_line(gate) + quorum_view.after_line(gate)
+    blocks.append(section(line))
     blocks.extend(result_blocks(gate, result, limit=text_limit if compact else RESULT_LIMIT))
     if pending:
         buttons = [

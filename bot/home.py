@@ -38,6 +38,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agent_core.models import Event, EventType, Gate, GateStatus
 
+from . import quorum_view
 from .approvers import Approvers
 from .home_view import MAX_DECISIONS_SHOWN, MAX_PENDING_SHOWN, PendingItem, home_view
 from .ports import GatewayLike
@@ -130,7 +131,11 @@ class HomeFeed:
     async def on_event(self, event: Event) -> None:
         """A gate opened or was decided: record a person's decision, and mark as due every
         viewer who may decide the gate (and whoever decided it). Never raises."""
-        if event.type not in (EventType.GATE_OPENED, EventType.GATE_DECIDED):
+        if event.type not in (
+            EventType.GATE_OPENED,
+            EventType.GATE_DECIDED,
+            EventType.GATE_APPROVAL,
+        ):
             return
         data = event.data
         gate_id = str(data.get("gate_id") or "")
@@ -157,7 +162,12 @@ class HomeFeed:
 
     async def _may(self, user: str, gate: Gate) -> PendingItem | None:
         """What ``user`` may do with ``gate`` (as a card click would be judged), or None."""
+        if gate.quorum is not None and any(a.by == user for a in gate.approvals):
+            return None  # they approved it already: it waits for others (bot/quorum_view.py)
         approve = await self.approvers.why_not_decide(user, gate, approve=True) is None
+        if approve and gate.quorum is not None and gate.quorum.groups:
+            groups = await self.approvers.quorum_groups(user, gate)
+            approve = quorum_view.may_still_approve(user, gate, groups)
         if approve or await self.approvers.why_not_decide(user, gate, approve=False) is None:
             return PendingItem(gate, approve=approve)
         return None
