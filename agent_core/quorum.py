@@ -40,6 +40,7 @@ class Quorum(BaseModel):
 
     @classmethod
     def from_field(cls, raw: str | None) -> Quorum | None:
+        """The quorum a gate hash's ``quorum`` field holds; None when absent or unreadable."""
         if not raw:
             return None
         try:
