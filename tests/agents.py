@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import Any
 
 from agent_core import Agent, ApprovalRequest, Verdict, approve, approver, ask, deny, tool
+from agent_core.testing import Step, call, reply
 
 
 def journal(line: str) -> None:
@@ -290,3 +292,12 @@ quorum_two_rules = Agent(
     tools=[wire],
     approvers=[small_wires, anything_goes],
 )
+
+
+def quorum_model(messages: list[dict[str, Any]]) -> Step:
+    """A scripted model for the ``quorum`` agent (the playground's PLAYGROUND_MODEL in the
+    browser tests): it wires 500, then answers with what the tool message said."""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return reply(str(last.get("content")))
+    return call("wire", {"amount": 500})
