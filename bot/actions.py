@@ -90,7 +90,10 @@ def already_decided(gate: Gate) -> str:
     if s is GateStatus.CANCELLED:
         return f"This request was cancelled with its run (by {cards.user(gate.decided_by)}); nothing was executed."
     verb = "approved" if s is GateStatus.APPROVED else "denied"
-    return f"Already {verb} by {cards.user(gate.decided_by)} at {cards.fmt_date(gate.decided_at)}."
+    who = cards.user(gate.decided_by)
+    if s is GateStatus.APPROVED and gate.approvals:  # more than one approver
+        who = quorum_view.approvers_text(gate)
+    return f"Already {verb} by {who} at {cards.fmt_date(gate.decided_at)}."
 
 
 def _action_value(body: dict[str, Any]) -> str | None:

@@ -145,6 +145,8 @@ class HomeFeed:
             if event.type is EventType.GATE_DECIDED and isinstance(by, str) and _is_person(by):
                 await self._record_decision(by, gate_id, _float(data.get("decided_at")))
                 due.add(by)
+            if event.type is EventType.GATE_APPROVAL and isinstance(by, str) and by:
+                due.add(by)  # counted: the gate leaves their list (it waits for others)
             viewers = await self._viewers()
             gate = await self.gateway.get_gate(gate_id) if viewers else None
             if gate is not None and _from_slack(gate):

@@ -276,7 +276,7 @@ class Notifier:
                 await self.publisher.show_turn(gate.run_id, gate.turn)
             # The root message: running again once nothing awaits a person.
             await self._show_run(event.run_id, skip_run or bool(origin.get("parent_run")))
-        elif t is EventType.GATE_APPROVAL:  # a quorum's approval counted: show the progress
+        elif t is EventType.GATE_APPROVAL and not skip_gate:  # a quorum's approval counted
             gate = await self.publisher.show_gate(str(data["gate_id"]))
             if gate is not None and gate.turn_gates != 1:
                 await self.publisher.show_turn(gate.run_id, gate.turn)

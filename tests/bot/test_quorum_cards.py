@@ -33,7 +33,7 @@ from tests.bot.conftest import (
     wait_until,
 )
 from tests.bot.test_approve_all import all_message, buttons
-from tests.bot.test_home import home_lacks, home_shows, open_home
+from tests.bot.test_home import home_click, home_lacks, home_shows, open_home
 from tests.slack_fake import FakeSlack
 
 pytestmark = pytest.mark.timeout(60)
@@ -171,7 +171,9 @@ async def test_two_approvers_racing_for_the_last_approval_decide_once(
     assert [a.by for a in decided.approvals] == [APPROVER, decided.decided_by]
     loser = "r2" if decided.decided_by == APPROVER2 else "r1"
     (told,) = await qbot.fake.wait_for(lambda f: f.responses(loser))
-    assert told.args["text"].startswith(f"Already approved by <@{decided.decided_by}>")
+    assert told.args["text"].startswith(
+        f"Already approved by <@{APPROVER}> and <@{decided.decided_by}> at "
+    )
     assert journal_lines(journal) == ["wire:800"]
 
 
@@ -278,4 +280,13 @@ async def test_home_shows_progress_and_not_to_who_approved_already(
     await click(qbot, cards.APPROVE_ACTION, cards.button_value(gate), APPROVER, "first")
     await home_shows(qbot, APPROVER2, f"1 of 2 approvals: <@{APPROVER}>")
     await home_lacks(qbot, APPROVER, gate.gate_id)
+    # Clicks on Home (forged: Home offers them no Approve) follow the card's rules.
+    await open_home(qbot, REQUESTER)
+    await home_click(qbot, cards.APPROVE_ACTION, cards.button_value(gate), REQUESTER)
+    await home_shows(qbot, REQUESTER, "You asked for this run")
+    await home_click(qbot, cards.APPROVE_ACTION, cards.button_value(gate), APPROVER)
+    await home_shows(qbot, APPROVER, "You already approved this request")
+    again = await qbot.gateway.get_gate(gate.gate_id)
+    assert again is not None and again.status is GateStatus.PENDING
+    assert [a.by for a in again.approvals] == [APPROVER]
     await qbot.gateway.cancel_run(run_id, by=REQUESTER)
