@@ -336,6 +336,7 @@ class GateActions:
     ) -> None:
         tell = self._tell
         approvers = self.ctx.approvers
+        approving = decision is Decision.APPROVE
         try:
             result = await self.ctx.gateway.decide(
                 gate.gate_id,
@@ -344,7 +345,7 @@ class GateActions:
                 reason=reason,
                 args_hash=clicked_hash,
                 run_id=gate.run_id,
-                groups=await approvers.quorum_groups(user_id, gate),
+                groups=await approvers.quorum_groups(user_id, gate) if approving else [],
                 allow_self_approval=approvers.allow_self_approval,
             )
         except GateNotFound:
@@ -485,7 +486,9 @@ class GateActions:
         pending = [g.gate_id for g in gates if g.status is GateStatus.PENDING]
         tell = self._tell
         approvers = self.ctx.approvers
-        groups = {g for x in gates for g in await approvers.quorum_groups(user_id, x)}
+        groups: set[str] = set()
+        for gate in gates if decision is Decision.APPROVE else []:
+            groups.update(await approvers.quorum_groups(user_id, gate))
         try:
             results = await self.ctx.gateway.decide_many(
                 pending,
