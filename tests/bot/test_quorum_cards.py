@@ -265,6 +265,13 @@ async def test_approve_all_counts_one_approval_per_gate_for_the_clicker(
     text = await click(qbot, cards.TURN_APPROVE_ACTION, value, APPROVER2, "second", msg.ts)
     assert text == "✅ You approved 2 calls: `wire`, `wire`."
     await finished(qbot, run_id)
+
+    async def settled() -> Any:
+        m = qbot.fake.message(CHANNEL, msg.ts)
+        return m if m is not None and "All 2 approved" in str(m.blocks) else None
+
+    done = await wait_until(settled)
+    assert done.text == f"✅ All 2 approved by <@{APPROVER}> and <@{APPROVER2}>"
     assert sorted(journal_lines(journal)) == ["wire:1001", "wire:1002"]
 
 
