@@ -297,3 +297,24 @@ async def test_home_shows_progress_and_not_to_who_approved_already(
     assert again is not None and again.status is GateStatus.PENDING
     assert [a.by for a in again.approvals] == [APPROVER]
     await qbot.gateway.cancel_run(run_id, by=REQUESTER)
+
+
+async def test_quorum_groups_are_looked_up_and_fail_closed(fake_slack: FakeSlack) -> None:
+    from agent_core import Quorum
+    from bot.app import make_web_client
+    from bot.approvers import Approvers
+    from tests.bot.test_approvers import gate as plain_gate
+
+    client = make_web_client(bot_settings(fake_slack))
+    g = plain_gate().model_copy(update={"quorum": Quorum(count=2, groups=["S0SRE", "S0SEC"])})
+    fake_slack.set_usergroup("S0SRE", ["U5"])
+    fake_slack.set_usergroup("S0SEC", ["U5", "U6"])
+    a = Approvers(["U5", "U6"], client)
+    assert await a.quorum_groups("U5", g) == ["S0SRE", "S0SEC"]
+    assert await a.quorum_groups("U6", g) == ["S0SEC"]
+    assert await a.quorum_groups("U5", plain_gate()) == []  # no quorum: no lookup
+    fake_slack.fail_next(
+        "usergroups.users.list", 2, status=500, retry_after=None, error="fatal_error"
+    )
+    fresh = Approvers(["U5"], client)
+    assert await fresh.quorum_groups("U5", g) == []  # a failed lookup: a member of none
