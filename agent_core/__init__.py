@@ -33,6 +33,7 @@ from .models import (
     Run,
     RunStatus,
 )
+from .quorum import Approval, Quorum
 from .settings import Settings
 from .tools import Tool, tool
 from .toolsets import Toolset
@@ -46,6 +47,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Agent",
     "AgentTool",
+    "Approval",
     "ApprovalRequest",
     "Approver",
     "ArgsHashMismatch",
@@ -66,6 +68,7 @@ __all__ = [
     "Keys",
     "LeaseLost",
     "NotFound",
+    "Quorum",
     "Run",
     "RunNotFound",
     "RunStatus",

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from .approvers import Approver, RuleFn, as_approver
 from .exceptions import ConfigError
 from .nudges import Nudges, Seconds
+from .quorum import ApprovalsOption, check_approvals
 from .tools import Tool
 from .toolsets import Toolset
 
@@ -77,6 +78,9 @@ class Agent:
     escalate_to: str | Sequence[str] | None = None
     """Who an escalated gate goes to as well: user or group ids."""
     nudges: Nudges = field(init=False, repr=False, default_factory=Nudges)
+    approvals: ApprovalsOption = None
+    """How many approvers a gated call needs, for tools that set none (see
+    :mod:`agent_core.quorum`): a number of distinct people, or user-group IDs."""
     _by_name: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _own: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _version: tuple[int, ...] = field(init=False, repr=False, default=())
@@ -131,6 +135,7 @@ class Agent:
                 raise ValueError(
                     f"agent {self.name!r}: a suggested prompt is a text or (title, message)"
                 )
+        self.approvals = check_approvals(self.approvals, f"agent {self.name!r}")
         rules = [as_approver(r) for r in self.approvers]
         rule_names = [r.name for r in rules]
         if len(set(rule_names)) != len(rule_names):

@@ -12,21 +12,22 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 
 from .completions import clean_text
+from .deciding import apply_decision
 from .events import EventConsumer
-from .exceptions import ArgsHashMismatch, ChildRunSettled, GateNotFound, InvalidState, RunNotFound
+from .exceptions import ChildRunSettled, GateNotFound, InvalidState, RunNotFound
 from .keys import Keys
 from .models import ContinueOutcome, DecideResult, Decision, Gate, GateStatus, Run, RunStatus
 from .placement import ShardPicker
-from .script_replies import ContinueReply, DecideOutcome, RepairOutcome, RetryOutcome
+from .script_replies import ContinueReply, RepairOutcome, RetryOutcome
 from .scripts import Scripts
 from .settings import Settings
-from .stopping import MAX_REASON_CHARS, Stopper, new_attempt
+from .stopping import Stopper, new_attempt
 from .streams import stream_groups
 
 log = logging.getLogger(__name__)
@@ -483,6 +484,8 @@ class Gateway:
         *,
         args_hash: str | None = None,
         run_id: str | None = None,
+        groups: Sequence[str] = (),
+        allow_self_approval: bool = True,
     ) -> DecideResult:
         """Approve or deny a pending gate, atomically and exactly once.
 
@@ -498,12 +501,25 @@ class Gateway:
 
         ``run_id``: the gate's run, when the caller has just read the gate (it saves a round
         trip); the decision checks it, and a gate of another run is :class:`GateNotFound`.
+
+        A gate that needs several approvals (:mod:`agent_core.quorum`) records an approval
+        that does not complete its quorum (``counted=True``, still pending); ``groups``: the
+        quorum's user groups ``by`` belongs to. An approval by a requester (unless
+        ``allow_self_approval``), a second one by the same person or one no unfilled group
+        of theirs can take records nothing (``refused`` says why).
         """
         decision = Decision(decision)
         if not by:
             raise ValueError("by is required")
         return await self._apply(
-            gate_id, decision.status.value, by, reason, args_hash or "", run_id=run_id
+            gate_id,
+            decision.status.value,
+            by,
+            reason,
+            args_hash or "",
+            run_id=run_id,
+            groups=groups,
+            allow_self_approval=allow_self_approval,
         )
 
     async def decide_call(
@@ -556,6 +572,9 @@ class Gateway:
         decision: Decision | str,
         by: str,
         reason: str | None = None,
+        *,
+        groups: Sequence[str] = (),
+        allow_self_approval: bool = True,
     ) -> list[DecideResult]:
         """Approve or deny several gates (e.g. every pending gate of a turn): one result per
         gate, in the order given.
@@ -563,7 +582,8 @@ class Gateway:
         Each gate is decided atomically and exactly once, as by :meth:`decide`. A gate
         someone already decided is left as it is (``applied=False``, with their decision).
         A run resumes once, when its last pending gate is decided. :class:`GateNotFound`,
-        before anything is decided, when a gate does not exist.
+        before anything is decided, when a gate does not exist. ``groups`` and
+        ``allow_self_approval`` as for :meth:`decide`: ``by`` counts once per gate.
         """
         decision = Decision(decision)
         if not by:
@@ -582,7 +602,16 @@ class Gateway:
             shown = ", ".join(repr(g[:40]) for g in unknown[:5])
             raise GateNotFound(f"no gate {shown}; nothing was decided")
         return [
-            await self._apply(g, decision.status.value, by, reason, "", run_id=r)
+            await self._apply(
+                g,
+                decision.status.value,
+                by,
+                reason,
+                "",
+                run_id=r,
+                groups=groups,
+                allow_self_approval=allow_self_approval,
+            )
             for g, r in zip(ids, run_ids, strict=True)
         ]
 
@@ -602,64 +631,20 @@ class Gateway:
         seen_hash: str,
         *,
         run_id: str | None = None,
+        groups: Sequence[str] = (),
+        allow_self_approval: bool = True,
     ) -> DecideResult:
-        if not valid_gate_id(gate_id, self.keys):
-            raise GateNotFound(f"no gate {gate_id[:40]!r}")
-        k = self.keys
-        if run_id is None:
-            run_id = await self.redis.hget(k.gate(gate_id), "run_id")
-        if (
-            run_id is None
-            or not valid_run_id(run_id, k)
-            or k.shard_of(run_id) != k.shard_of(gate_id)
-        ):
-            raise GateNotFound(f"no gate {gate_id!r}")
-        decision = {
-            "by": by,
-            "reason": clean_text(reason or "")[:MAX_REASON_CHARS],
-            # Made once: a decision whose reply was lost, tried again, is told it decided.
-            "attempt": secrets.token_hex(8),
-            "seen_hash": seen_hash,
-        }
-        if self.decision_replicas > 0:
-            res, replicas = await self.scripts.decide_gate_replicated(
-                gate_id,
-                run_id,
-                status,
-                **decision,
-                replicas=self.decision_replicas,
-                wait_ms=self.decision_wait_ms,
-            )
-            if res.outcome is DecideOutcome.APPLIED and replicas < self.decision_replicas:
-                log.error(
-                    "gate %s: the decision reached %s of %s replicas within %s ms; a failover "
-                    "now could lose it",
-                    gate_id,
-                    replicas,
-                    self.decision_replicas,
-                    self.decision_wait_ms,
-                )
-        else:
-            res = await self.scripts.decide_gate(gate_id, run_id, status, **decision)
-        if res.outcome is DecideOutcome.MISSING:
-            raise GateNotFound(f"no gate {gate_id!r}")
-        if res.outcome is DecideOutcome.MISMATCH:
-            raise ArgsHashMismatch(
-                f"gate {gate_id}: the arguments hash {seen_hash[:12]!r} is not this request's; "
-                "nothing was decided"
-            )
-        if res.outcome is DecideOutcome.NOT_DUE:
-            raise InvalidState(f"gate {gate_id} is not due yet")
-        assert res.gate is not None
-        result = DecideResult(
-            applied=res.outcome is DecideOutcome.APPLIED, gate=Gate.from_hash(res.gate)
+        return await apply_decision(
+            self,
+            gate_id,
+            status,
+            by,
+            reason,
+            seen_hash,
+            run_id=run_id,
+            groups=groups,
+            allow_self_approval=allow_self_approval,
         )
-        if result.applied:
-            from . import metrics  # on first use: `import agent_core` loads no prometheus_client
-
-            g = result.gate
-            metrics.gate_decided(g.status.value, g.created_at, g.decided_at)
-        return result
 
     async def due_gates(
         self, limit: int = 100, shards: Iterable[int] | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from typing import Any
 
 from .agent import Agent
@@ -17,6 +18,7 @@ from .approvers import RULE_PREFIX, ApprovalRequest, consult
 from .completions import clean_text
 from .models import requesters_of
 from .nudges import Nudges
+from .quorum import quorum_for, rule_approval
 from .script_replies import GateToOpen, OpenOutcome
 from .scripts import Scripts
 
@@ -103,6 +105,10 @@ async def open_gates(
             "nested": nested,
             "path": path,
         }
+        quorum = quorum_for(agent, t)
+        if quorum is not None:  # more than one approver: counted by DECIDE_GATE
+            fields.update(quorum=quorum.to_field(), approvals="[]")
+            event["quorum"] = quorum.model_dump()
         decided = ""
         verdict = None
         if agent.approvers:
@@ -117,6 +123,20 @@ async def open_gates(
                 origin=dict(origin),
             )
             verdict = await consult(agent.approvers, request)  # type: ignore[arg-type]
+        if verdict is not None and quorum is not None and verdict[0].decision == "approve":
+            # A rule adds one approval to a quorum, never all of them: the gate stays open.
+            v, name = verdict
+            mark = rule_approval(name, digest, time.time(), clean_text(v.reason or "")[:2000])
+            fields["approvals"] = json.dumps([mark])
+            event["approvals"] = [mark]
+            log.info(
+                "run %s: %s approved by approver rule %s (1 of %s)",
+                run_id,
+                t.name,
+                name,
+                quorum.count,
+            )
+            verdict = None
         if verdict is not None:
             v, name = verdict
             status = "approved" if v.decision == "approve" else "denied"

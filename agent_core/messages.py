@@ -31,12 +31,24 @@ def denied(tool: str, by: str, reason: str | None) -> str:
     )
 
 
-def with_approval(output: str, by: str, reason: str | None) -> str:
-    """An approved call's output, followed by the approver's reason when they gave one."""
+def with_approval(output: str, approvals: list[tuple[str, str | None]]) -> str:
+    """An approved call's output, followed by who approved it: the approver's reason when
+    one approver gave one; every approver (with their reasons) when it took several."""
+    if len(approvals) > 1:
+        named = [
+            _approver(by) + (f" (reason: {r.strip()})" if r and r.strip() else "")
+            for by, r in approvals
+        ]
+        both = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+        return f"{output}\n\nApproved by {both}."
+    by, reason = approvals[0] if approvals else ("", None)
     if not reason or not reason.strip():
         return output
-    who = f"rule {by[5:]}" if by.startswith("rule:") else (by or "someone")
-    return f"{output}\n\nApproved by {who}: {reason.strip()}"
+    return f"{output}\n\nApproved by {_approver(by)}: {reason.strip()}"
+
+
+def _approver(by: str) -> str:
+    return f"rule {by[5:]}" if by.startswith("rule:") else (by or "someone")
 
 
 def expired(tool: str, timeout: float) -> str:

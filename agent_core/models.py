@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .quorum import Approval, Quorum, approvals_of
+
 
 class RunStatus(str, Enum):
     """``queued → running → awaiting_approval → running → … → completed | failed | cancelled``."""
@@ -59,6 +61,7 @@ class EventType(str, Enum):
     RUN_CONTINUED = "run.continued"
     GATE_REMINDED = "gate.reminded"  # its approvers were reminded (agent_core.nudges)
     GATE_ESCALATED = "gate.escalated"  # its escalate_to may decide it too from now on
+    GATE_APPROVAL = "gate.approval"  # one approval counted; the gate needs more (quorum)
 
 
 class ContinueOutcome(str, Enum):
@@ -164,6 +167,9 @@ class Gate(BaseModel):
     escalate_to: list[str] = Field(default_factory=list)
     reminded_at: float | None = None
     escalated_at: float | None = None
+    # More than one approver (agent_core.quorum): None when one approval decides.
+    quorum: Quorum | None = None
+    approvals: list[Approval] = Field(default_factory=list)  # counted so far, in order
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Gate:
@@ -198,6 +204,8 @@ class Gate(BaseModel):
             escalate_to=_str_list(h.get("escalate_to")),
             reminded_at=_opt_float(h.get("reminded_at")),
             escalated_at=_opt_float(h.get("escalated_at")),
+            quorum=Quorum.from_field(h.get("quorum")),
+            approvals=approvals_of(h.get("approvals")),
         )
 
     def extra_approvers(self) -> list[str]:
@@ -221,6 +229,11 @@ class DecideResult(BaseModel):
 
     applied: bool
     gate: Gate
+    # A quorum's approval recorded without deciding the gate (it needs more approvals).
+    counted: bool = False
+    # Why an approval was refused, nothing recorded: requester | again (this person has
+    # approved already) | group (their groups have approved already) | not_member.
+    refused: str | None = None
 
     @property
     def status(self) -> GateStatus:

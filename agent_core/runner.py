@@ -35,6 +35,7 @@ from .gating import args_hash
 from .keys import Keys
 from .models import Gate, GateStatus
 from .nudges import Nudges, check_agent
+from .quorum import approvals_of, approvers_told
 from .script_replies import (
     Began,
     Claim,
@@ -470,7 +471,7 @@ class Runner:
             seen = gate.decided_hash or gate.args_hash
             if seen != args_hash(call["args"]):
                 return await self._settle(run, turn, call, messages.args_changed(t.name), fence)
-            approval = (gate.decided_by or "", gate.reason)
+            approval = approvers_told(gate.decided_by, gate.reason, gate.approvals)
             return await self._execute(run, turn, call, t, gate.gate_id, fence, approval)
         if gate.status is GateStatus.DENIED:
             text = messages.denied(t.name, gate.decided_by or "someone", gate.reason)
@@ -480,12 +481,14 @@ class Runner:
             text = messages.cancelled(t.name, gate.decided_by or "")
         return await self._settle(run, turn, call, text, fence)
 
-    async def _approval(self, gate_id: str) -> tuple[str, str | None] | None:
+    async def _approval(self, gate_id: str) -> list[tuple[str, str | None]] | None:
         """Who approved the gate and why (None unless it was approved)."""
-        status, by, reason = await self.redis.hmget(
-            self.keys.gate(gate_id), ["status", "decided_by", "reason"]
+        status, by, reason, approvals = await self.redis.hmget(
+            self.keys.gate(gate_id), ["status", "decided_by", "reason", "approvals"]
         )
-        return (by or "", reason) if status == GateStatus.APPROVED.value else None
+        if status != GateStatus.APPROVED.value:
+            return None
+        return approvers_told(by, reason, approvals_of(approvals))
 
     async def _settle(
         self, run: dict[str, str], turn: int, call: dict[str, Any], text: str, fence: str
@@ -505,7 +508,7 @@ class Runner:
         t: Tool,
         gate_id: str | None,
         fence: str,
-        approval: tuple[str, str | None] | None = None,
+        approval: list[tuple[str, str | None]] | None = None,
     ) -> str | None:
         """Run a call at most once: claimed before it starts, done after it ends.
 
@@ -560,7 +563,7 @@ class Runner:
             "output": output[:EVENT_OUTPUT_CHARS],
             "origin": json.loads(run.get("origin") or "{}"),
         }
-        told = messages.with_approval(output, *approval) if approval else output
+        told = messages.with_approval(output, approval) if approval else output
         res = await self.scripts.complete_call(
             run_id, turn, fence, cid, told, json.dumps(event)[:-1]
         )

@@ -91,14 +91,18 @@ class DecideOutcome(str, Enum):
     MISSING = "missing"
     NOT_DUE = "not_due"  # an expiry asked too early
     MISMATCH = "mismatch"  # the arguments hash the decider saw is not the gate's
+    COUNTED = "counted"  # an approval counted towards the gate's quorum: still pending
+    REFUSED = "refused"  # an approval not recorded (``why`` says why)
 
 
 @dataclass(frozen=True)
 class Decision:
-    """DECIDE_GATE's answer: the outcome, and the gate hash (applied and decided only)."""
+    """DECIDE_GATE's answer: the outcome, the gate hash (applied, decided, counted and
+    refused only) and, for refused, why (requester | again | group | not_member)."""
 
     outcome: DecideOutcome
     gate: dict[str, str] | None = None
+    why: str = ""
 
 
 class ClaimOutcome(str, Enum):

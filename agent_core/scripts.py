@@ -28,6 +28,7 @@ consumer group has read them (see :mod:`agent_core.trimmer`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -352,17 +353,32 @@ class Scripts(ScriptSet):
         reason: str,
         attempt: str,
         seen_hash: str,
+        groups: Sequence[str] = (),
+        self_ok: bool = True,
     ) -> tuple[list[str], list[str]]:
         k = self.keys
         shard = k.shard_of(gate_id)
         keys = [k.gate(gate_id), k.run(run_id), k.deadlines(shard), k.jobs(shard), k.events(shard)]
         keys.append(k.nudges(shard))
-        return keys, [gate_id, status, by, reason, attempt, run_id, seen_hash]
+        mine = json.dumps(list(groups)) if groups else ""
+        args = [
+            gate_id,
+            status,
+            by,
+            reason,
+            attempt,
+            run_id,
+            seen_hash,
+            mine,
+            "1" if self_ok else "0",
+        ]
+        return keys, args
 
     @staticmethod
     def _decision_of(res: list[Any]) -> Decision:
         gate = pairs(res[1]) if len(res) > 1 else None
-        return Decision(DecideOutcome(res[0]), gate)
+        why = text(res[2]) if len(res) > 2 and res[2] else ""
+        return Decision(DecideOutcome(res[0]), gate, why)
 
     async def decide_gate(
         self,
@@ -374,9 +390,14 @@ class Scripts(ScriptSet):
         reason: str,
         attempt: str,
         seen_hash: str,
+        groups: Sequence[str] = (),
+        self_ok: bool = True,
     ) -> Decision:
-        """DECIDE_GATE: move the gate out of ``pending``, exactly once."""
-        keys, args = self._decide(gate_id, run_id, status, by, reason, attempt, seen_hash)
+        """DECIDE_GATE: move the gate out of ``pending``, exactly once (a quorum's approval
+        that does not complete it is only counted)."""
+        keys, args = self._decide(
+            gate_id, run_id, status, by, reason, attempt, seen_hash, groups, self_ok
+        )
         return self._decision_of(await self._run("decide_gate", keys, args))
 
     async def decide_gate_replicated(
@@ -391,9 +412,13 @@ class Scripts(ScriptSet):
         seen_hash: str,
         replicas: int,
         wait_ms: int,
+        groups: Sequence[str] = (),
+        self_ok: bool = True,
     ) -> tuple[Decision, int]:
         """DECIDE_GATE then WAIT for ``replicas`` (see :func:`eval_replicated`)."""
-        keys, args = self._decide(gate_id, run_id, status, by, reason, attempt, seen_hash)
+        keys, args = self._decide(
+            gate_id, run_id, status, by, reason, attempt, seen_hash, groups, self_ok
+        )
         res, reached = await eval_replicated(
             self.redis, self.source("decide_gate"), keys, args, replicas, wait_ms
         )

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .exceptions import ToolArgumentsError, ToolDefinitionError
 from .nudges import Nudges, Seconds
+from .quorum import ApprovalsOption, check_approvals
 
 ApprovalRule = bool | Callable[[dict[str, Any]], bool] | None
 MAX_DESCRIPTION_CHARS = 1024
@@ -74,6 +75,7 @@ class Tool:
     idempotent: bool = False
     schema: dict[str, Any] = field(default_factory=dict)
     nudges: Nudges = field(default_factory=Nudges)  # reminders, escalation (agent_core.nudges)
+    approvals: ApprovalsOption = None  # more than one approver: see agent_core.quorum
 
     @classmethod
     def from_function(
@@ -87,6 +89,7 @@ class Tool:
         remind_after: Seconds | None = None,
         escalate_after: Seconds | None = None,
         escalate_to: str | Iterable[str] | None = None,
+        approvals: ApprovalsOption = None,
     ) -> Tool:
         """Describe ``fn`` as a tool (see :func:`tool`)."""
         if not callable(fn):
@@ -100,6 +103,10 @@ class Tool:
             nudges = Nudges.of(remind_after, escalate_after, escalate_to)
         except ValueError as exc:
             raise ToolDefinitionError(f"tool {tool_name}: {exc}") from None
+        try:
+            approvals = check_approvals(approvals, f"tool {tool_name}")
+        except ValueError as exc:
+            raise ToolDefinitionError(str(exc)) from None
         doc_desc, param_docs = _parse_docstring(inspect.getdoc(fn))
         try:
             hints = inspect.get_annotations(fn, eval_str=True)
@@ -142,6 +149,7 @@ class Tool:
             idempotent=idempotent,
             schema=schema,
             nudges=nudges,
+            approvals=approvals,
         )
 
     def openai_schema(self) -> dict[str, Any]:
@@ -231,6 +239,7 @@ def tool(
     remind_after: Seconds | None = None,
     escalate_after: Seconds | None = None,
     escalate_to: str | Iterable[str] | None = None,
+    approvals: ApprovalsOption = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -245,6 +254,7 @@ def tool(
     remind_after: Seconds | None = None,
     escalate_after: Seconds | None = None,
     escalate_to: str | Iterable[str] | None = None,
+    approvals: ApprovalsOption = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function (sync or async) into a :class:`Tool`.
 
@@ -254,6 +264,8 @@ def tool(
     ``remind_after`` (seconds or a timedelta) reminds the approvers of a gate still pending
     then; ``escalate_after`` lets ``escalate_to`` (user or group ids) decide it too from then
     on (see :mod:`agent_core.nudges`; ``None`` follows the agent, ``0`` turns a step off).
+    ``approvals``: more than one approver for a gated call: a number of distinct people
+    (``2``), or a list of Slack user-group IDs, one approver from each (default: the agent's).
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -266,6 +278,7 @@ def tool(
             remind_after=remind_after,
             escalate_after=escalate_after,
             escalate_to=escalate_to,
+            approvals=approvals,
         )
 
     if fn is not None:

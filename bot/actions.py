@@ -28,7 +28,7 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from agent_core.exceptions import ArgsHashMismatch, GateNotFound
 from agent_core.models import Decision, Gate, GateStatus
 
-from . import cards
+from . import cards, quorum_view
 from .acking import at_ack
 from .context import BotContext
 from .home import HOME
@@ -90,7 +90,10 @@ def already_decided(gate: Gate) -> str:
     if s is GateStatus.CANCELLED:
         return f"This request was cancelled with its run (by {cards.user(gate.decided_by)}); nothing was executed."
     verb = "approved" if s is GateStatus.APPROVED else "denied"
-    return f"Already {verb} by {cards.user(gate.decided_by)} at {cards.fmt_date(gate.decided_at)}."
+    who = cards.user(gate.decided_by)
+    if s is GateStatus.APPROVED and gate.approvals:  # more than one approver
+        who = quorum_view.approvers_text(gate)
+    return f"Already {verb} by {who} at {cards.fmt_date(gate.decided_at)}."
 
 
 def _action_value(body: dict[str, Any]) -> str | None:
@@ -332,6 +335,8 @@ class GateActions:
         outcome: Outcome | None = None,
     ) -> None:
         tell = self._tell
+        approvers = self.ctx.approvers
+        approving = decision is Decision.APPROVE
         try:
             result = await self.ctx.gateway.decide(
                 gate.gate_id,
@@ -340,6 +345,8 @@ class GateActions:
                 reason=reason,
                 args_hash=clicked_hash,
                 run_id=gate.run_id,
+                groups=await approvers.quorum_groups(user_id, gate) if approving else [],
+                allow_self_approval=approvers.allow_self_approval,
             )
         except GateNotFound:
             await tell(user_id, UNKNOWN_GATE, channel=channel, respond=respond)
@@ -353,9 +360,15 @@ class GateActions:
         if outcome is not None:
             outcome.channel = channel
             outcome.durable.set()  # durable in Redis: the click may be acknowledged now
+        if result.counted or result.refused:  # a quorum's approval (bot/quorum_view.py)
+            outcome = outcome or Outcome()
+            outcome.applied = result.counted
+            text = quorum_view.counted_message(result.gate) if result.counted else ""
+            text = text or quorum_view.refused_message(result)
+            await tell(user_id, text, channel=channel, respond=respond)
         # Not applied: someone was first. Applied but not what was asked: the deadline had
         # passed, so the click expired the gate instead.
-        if not result.applied or result.gate.status is not decision.status:
+        elif not result.applied or result.gate.status is not decision.status:
             await tell(user_id, already_decided(result.gate), channel=channel, respond=respond)
         elif outcome is not None:
             outcome.applied = True
@@ -472,8 +485,19 @@ class GateActions:
     ) -> None:
         pending = [g.gate_id for g in gates if g.status is GateStatus.PENDING]
         tell = self._tell
+        approvers = self.ctx.approvers
+        groups: set[str] = set()
+        for gate in gates if decision is Decision.APPROVE else []:
+            groups.update(await approvers.quorum_groups(user_id, gate))
         try:
-            results = await self.ctx.gateway.decide_many(pending, decision, user_id, reason)
+            results = await self.ctx.gateway.decide_many(
+                pending,
+                decision,
+                user_id,
+                reason,
+                groups=sorted(groups),
+                allow_self_approval=approvers.allow_self_approval,
+            )
         except GateNotFound:
             await tell(user_id, UNKNOWN_TURN, channel=channel, respond=respond)
             return
@@ -483,18 +507,26 @@ class GateActions:
         mine: list[Gate] = []
         late: list[Gate] = []  # expired before the click (the deadline had passed)
         others: list[Gate] = []  # decided before the click
+        counted = [r.gate for r in results if r.counted]  # a quorum's approval, counted
+        refused = [r for r in results if r.refused]
         for gate in gates:
             r = decided.get(gate.gate_id)
+            if r is not None and (r.counted or r.refused):
+                continue
             if r is None or not r.applied:
                 others.append(r.gate if r is not None else gate)
             elif r.gate.status is decision.status:
                 mine.append(r.gate)
             else:
                 late.append(r.gate)
-        outcome.applied = bool(mine)
+        outcome.applied = bool(mine or counted)
         text = cards.decided_many_message(decision is Decision.APPROVE, mine, late, others)
+        if counted or refused:
+            if not mine:
+                text = text.removeprefix(cards.decided_many_message(True, [], [], []))
+            text = (text.strip() + "\n" + quorum_view.many_line(counted, refused)).strip()
         await tell(user_id, text, channel=channel, respond=respond)
-        for gate in mine + late:
+        for gate in mine + late + counted:
             await self._refresh(gate.gate_id)
         await self._refresh_turn(gates[0])
 

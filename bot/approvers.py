@@ -131,6 +131,14 @@ class Approvers:
                 return True
         return False
 
+    async def quorum_groups(self, user_id: str, gate: Gate) -> list[str]:
+        """The user groups of ``gate``'s quorum (agent_core.quorum) that ``user_id`` is in,
+        for DECIDE_GATE to fill; a group that cannot be looked up counts as one they are not
+        in (fails closed)."""
+        if gate.quorum is None:
+            return []
+        return [g for g in gate.quorum.groups if user_id in await self._members(g)]
+
     async def _members(self, group: str) -> frozenset[str]:
         cached = self._cache.get(group)
         now = time.monotonic()

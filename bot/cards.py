@@ -315,7 +315,11 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
             f"characters.{advice}",
         )
     blocks.append(context(" · ".join(notes)))
-    blocks.append(section(outcome_line(gate)))
+    # More than one approver (bot/quorum_view.py): progress while pending, every approver after.
+    from . import quorum_view  # it builds on this module's helpers
+
+    line = quorum_view.outcome_line(gate) or outcome_line(gate) + quorum_view.after_line(gate)
+    blocks.append(section(line))
     blocks.extend(nudge_blocks(gate))
     blocks.extend(result_blocks(gate, result, limit=text_limit if compact else RESULT_LIMIT))
     if pending:
@@ -495,7 +499,15 @@ def _plural(n: int, one: str, many: str) -> str:
 
 def _outcome_group(g: Gate) -> tuple[GateStatus, str | None, bool]:
     by = g.decided_by if g.status in (GateStatus.APPROVED, GateStatus.DENIED) else None
+    if g.status is GateStatus.APPROVED and g.approvals:  # more than one approver: all of them
+        by = " ".join(a.by for a in g.approvals)
     return g.status, by, closed_by_failure(g)
+
+
+def _users(by: str | None) -> str:
+    """``<@A>``, or ``<@A> and <@B>`` for the space-separated approvers of a quorum."""
+    names = [user(u) for u in (by or "").split()] or [user(by)]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def _group_phrase(key: tuple[GateStatus, str | None, bool], n: int, already: bool) -> str:
@@ -507,7 +519,7 @@ def _group_phrase(key: tuple[GateStatus, str | None, bool], n: int, already: boo
     if status is GateStatus.EXPIRED:
         return f"{n} had already expired" if already else f"{n} expired"
     was = (_plural(n, "was", "were") + " already ") if already else ""
-    return f"{n} {was}{_VERBS[status]} by {user(by)}"
+    return f"{n} {was}{_VERBS[status]} by {_users(by)}"
 
 
 def turn_summary(gates: list[Gate]) -> str:

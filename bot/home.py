@@ -38,6 +38,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from agent_core.models import Event, EventType, Gate, GateStatus
 
+from . import quorum_view
 from .approvers import Approvers
 from .home_view import MAX_DECISIONS_SHOWN, MAX_PENDING_SHOWN, PendingItem, home_view
 from .ports import GatewayLike
@@ -133,9 +134,10 @@ class HomeFeed:
         if event.type not in (
             EventType.GATE_OPENED,
             EventType.GATE_DECIDED,
-            EventType.GATE_ESCALATED,
+            EventType.GATE_ESCALATED,  # widens who may decide: their Home lists the gate now
+            EventType.GATE_APPROVAL,
         ):
-            return  # an escalation widens who may decide: their Home lists the gate now
+            return
         data = event.data
         gate_id = str(data.get("gate_id") or "")
         try:
@@ -144,6 +146,8 @@ class HomeFeed:
             if event.type is EventType.GATE_DECIDED and isinstance(by, str) and _is_person(by):
                 await self._record_decision(by, gate_id, _float(data.get("decided_at")))
                 due.add(by)
+            if event.type is EventType.GATE_APPROVAL and isinstance(by, str) and by:
+                due.add(by)  # counted: the gate leaves their list (it waits for others)
             viewers = await self._viewers()
             gate = await self.gateway.get_gate(gate_id) if viewers else None
             if gate is not None and _from_slack(gate):
@@ -161,7 +165,12 @@ class HomeFeed:
 
     async def _may(self, user: str, gate: Gate) -> PendingItem | None:
         """What ``user`` may do with ``gate`` (as a card click would be judged), or None."""
+        if gate.quorum is not None and any(a.by == user for a in gate.approvals):
+            return None  # they approved it already: it waits for others (bot/quorum_view.py)
         approve = await self.approvers.why_not_decide(user, gate, approve=True) is None
+        if approve and gate.quorum is not None and gate.quorum.groups:
+            groups = await self.approvers.quorum_groups(user, gate)
+            approve = quorum_view.may_still_approve(user, gate, groups)
         if approve or await self.approvers.why_not_decide(user, gate, approve=False) is None:
             return PendingItem(gate, approve=approve)
         return None

@@ -12,7 +12,7 @@ from typing import Any
 
 from agent_core.models import Gate, GateStatus
 
-from . import cards
+from . import cards, quorum_view
 
 HOME_THREAD_ACTION = "home_open_thread"
 MAX_VIEW_BLOCKS = 100
@@ -85,8 +85,14 @@ def _pending_blocks(item: PendingItem) -> list[dict[str, Any]]:
         f"asked {_ago(gate.created_at)} · expires {cards.fmt_date(gate.deadline)}"
         f" · arguments hash `{cards.args_hash_short(gate)}`"
     )
+    if gate.quorum is not None:  # more than one approver (bot/quorum_view.py)
+        when += f" · {quorum_view.progress(gate)}"
     if not item.approve:
-        when += " · you are one of its requesters: you may deny it, not approve it"
+        when += (
+            " · you may deny it, not approve it"
+            if gate.quorum is not None and gate.quorum.groups
+            else " · you are one of its requesters: you may deny it, not approve it"
+        )
     buttons: list[dict[str, Any]] = []
     if item.approve:
         value = cards.button_value(gate)

@@ -286,6 +286,10 @@ class Notifier:
             await self.nudger.announce(
                 gate_id, REMIND if t is EventType.GATE_REMINDED else ESCALATE
             )
+        elif t is EventType.GATE_APPROVAL and not skip_gate:  # a quorum's approval counted
+            gate = await self.publisher.show_gate(str(data["gate_id"]))
+            if gate is not None and gate.turn_gates != 1:
+                await self.publisher.show_turn(gate.run_id, gate.turn)
         elif t is EventType.TOOL_EXECUTED:
             await self._tool_executed(event.run_id, data, origin, skip_gate=skip_gate)
         elif t in (EventType.RUN_STARTED, EventType.RUN_CONTINUED):
@@ -591,7 +595,7 @@ def _thread_of(event: Event) -> str:
 
 def _gate_shown(event: Event) -> str | None:
     """The gate whose card ``event`` updates (not posts), if any."""
-    if event.type in (EventType.GATE_DECIDED, EventType.TOOL_EXECUTED):
+    if event.type in (EventType.GATE_DECIDED, EventType.TOOL_EXECUTED, EventType.GATE_APPROVAL):
         gate_id = event.data.get("gate_id")
         return gate_id if isinstance(gate_id, str) and gate_id else None
     return None

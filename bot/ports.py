@@ -55,6 +55,8 @@ class GatewayLike(Protocol):
         *,
         args_hash: str | None = ...,
         run_id: str | None = ...,
+        groups: Sequence[str] = ...,
+        allow_self_approval: bool = ...,
     ) -> DecideResult: ...
 
     async def decide_many(
@@ -63,6 +65,9 @@ class GatewayLike(Protocol):
         decision: Decision,
         by: str,
         reason: str | None = ...,
+        *,
+        groups: Sequence[str] = ...,
+        allow_self_approval: bool = ...,
     ) -> list[DecideResult]: ...
 
     async def cancel_run(self, run_id: str, by: str, reason: str | None = ...) -> Run: ...

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from typing import Any
 
 from agent_core import Agent, ApprovalRequest, Verdict, approve, approver, ask, deny, tool
+from agent_core.testing import Step, call, reply
 
 
 def journal(line: str) -> None:
@@ -229,3 +231,73 @@ ruled = Agent(
     tools=[read_table, delete_user, lookup],
     approvers=[broken_rule, slow_rule, change_freeze, who_asked, staging_reads],
 )
+
+
+# --- more than one approver (agent_core.quorum) -------------------------------------------
+@tool(requires_approval=True, approvals=2)
+def wire(amount: int) -> str:
+    """Wire money out (two distinct approvers)."""
+    journal(f"wire:{amount}")
+    return f"wired {amount}"
+
+
+@tool(requires_approval=True, approvals=["S0SRE", "S0SECURITY"])
+def rotate_keys(env: str) -> str:
+    """Rotate the keys of an environment (one approver from SRE, one from security)."""
+    journal(f"rotate_keys:{env}")
+    return f"keys of {env} rotated"
+
+
+@tool(requires_approval=True, approvals=1)
+def restart(service: str) -> str:
+    """Restart a service (one approver: the tool overrides the agent's two)."""
+    journal(f"restart:{service}")
+    return f"{service} restarted"
+
+
+@tool(requires_approval=True)
+def purge(table: str) -> str:
+    """Purge a table (the agent's quorum: two approvers)."""
+    journal(f"purge:{table}")
+    return f"{table} purged"
+
+
+@approver(name="small_wires")
+def small_wires(call: ApprovalRequest) -> Verdict | None:
+    if call.tool == "wire" and call.args.get("amount", 0) < 100:
+        return approve("small amount")
+    if call.tool == "rotate_keys" and call.args.get("env") == "staging":
+        return approve("staging keys")
+    if call.tool == "purge" and call.args.get("table") == "audit":
+        return deny("the audit table is never purged")
+    return None
+
+
+@approver(name="anything_goes")
+def anything_goes(call: ApprovalRequest) -> Verdict:
+    """A second rule that approves everything: never consulted once the first approved."""
+    return approve("fine by me")
+
+
+quorum = Agent(
+    name="quorum",
+    instructions="You are a test agent whose calls need several approvers.",
+    tools=[wire, rotate_keys, restart, purge, lookup],
+    approvals=2,
+    approvers=[small_wires],
+)
+quorum_two_rules = Agent(
+    name="quorum_two_rules",
+    instructions="Two rules that both approve: still one approval.",
+    tools=[wire],
+    approvers=[small_wires, anything_goes],
+)
+
+
+def quorum_model(messages: list[dict[str, Any]]) -> Step:
+    """A scripted model for the ``quorum`` agent (the playground's PLAYGROUND_MODEL in the
+    browser tests): it wires 500, then answers with what the tool message said."""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return reply(str(last.get("content")))
+    return call("wire", {"amount": 500})

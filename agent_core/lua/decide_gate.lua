@@ -9,16 +9,20 @@
 -- ARGV: gate_id, status (approved|denied|expired), by, reason, attempt (the decider's
 --   attempt id, '' for none: made once, kept across retries), run_id (must match the
 --   gate's), seen_hash (the arguments hash the decider saw; '' when not given: the gate's
---   own)
--- Returns: {outcome, gate hash as a flat list}; outcome is applied | decided (someone else
---   was first) | missing | not_due (expiry asked too early) | mismatch (seen_hash is not
---   the gate's: nothing decided); the last three carry no hash.
+--   own), mine (JSON list of the gate's quorum groups the decider is in, '' for none),
+--   self_ok ('1': a requester may approve; else an approval by a requester is refused)
+-- Returns: {outcome, gate hash as a flat list[, why]}; outcome is applied | decided (someone
+--   else was first) | counted (an approval recorded towards the gate's quorum, which needs
+--   more: still pending) | refused (an approval not recorded; why: requester | again |
+--   group | not_member, see include/quorum.lua) | missing | not_due (expiry asked too early)
+--   | mismatch (seen_hash is not the gate's: nothing decided); the last three carry no hash.
 local gate_key, run_key, deadlines_key, jobs_key, events_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local nudges_key = KEYS[6]
 --!include nudges.lua
-local gate_id, wanted, decider, why, attempt, run_id, seen_hash =
-  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local gate_id, wanted, decider, why, attempt, run_id, seen_hash, mine, self_ok =
+  ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8] or '', ARGV[9] or '1'
+--!include quorum.lua
 local st = redis.call('HGET', gate_key, 'status')
 if not st or redis.call('HGET', gate_key, 'run_id') ~= run_id then return {'missing'} end
 if st ~= 'pending' then
@@ -44,6 +48,15 @@ elseif now >= deadline then
   reason = ''
 end
 local nowstr = string.format('%.6f', now)
+-- Requesters and quorums (include/quorum.lua): an approval may be refused, or only counted.
+if status == 'approved' then
+  if by_requester(gate_key, decider, self_ok) then
+    return {'refused', redis.call('HGETALL', gate_key), 'requester'}
+  end
+  local q = count_approval(gate_key, run_key, events_key, gate_id, run_id, decider, attempt,
+    seen_hash ~= '' and seen_hash or ahash, mine, reason, nowstr)
+  if q then return {q[1], redis.call('HGETALL', gate_key), q[2]} end
+end
 local seen = ''
 if status == 'approved' or status == 'denied' then
   seen = seen_hash ~= '' and seen_hash or ahash

@@ -280,6 +280,49 @@ async def test_expiry_shows_without_a_reload(
         pg.stop()
 
 
+async def test_a_two_person_approval_switching_users(
+    page: Page, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # The quorum agent: its wire tool needs two distinct approvers (approvals=2).
+    pg = start_playground(
+        redis_server.url,
+        tmp_path,
+        AGENT="tests.agents:quorum",
+        PLAYGROUND_MODEL="tests.agents:quorum_model",
+    )
+    try:
+        await open_as(page, pg, people.REQUESTER)
+        thread = await start_task(page, "wire 500")
+        gate = card(thread, "wire").first
+        await expect(gate).to_contain_text("0 of 2 approvals", timeout=SLOW)
+        await gate.get_by_role("button", name="Approve").click()
+        await expect(page.locator("body")).to_contain_text("You asked for this run", timeout=SLOW)
+
+        await switch(page, people.APPROVER)
+        gate = card(page.locator("#thread"), "wire").first
+        await gate.get_by_role("button", name="Approve").click()
+        await expect(gate).to_contain_text("1 of 2 approvals: @Avery", timeout=SLOW)
+        await expect(page.locator("body")).to_contain_text("Your approval is counted", timeout=SLOW)
+        await expect(gate.get_by_role("button", name="Approve")).to_be_visible()
+        await gate.get_by_role("button", name="Approve").click()
+        await expect(page.locator("body")).to_contain_text(
+            "You already approved this request", timeout=SLOW
+        )
+        await shot(page, "quorum-half-approved")
+
+        await switch(page, people.ON_CALL)
+        gate = card(page.locator("#thread"), "wire").first
+        await gate.get_by_role("button", name="Approve").click()
+        await expect(gate).to_contain_text("Approved by @Avery and @Sam", timeout=SLOW)
+        await expect(gate).to_contain_text("wired 500", timeout=SLOW)
+        await expect(gate.get_by_role("button", name="Approve")).to_have_count(0)
+        answer = page.locator("#thread-replies .msg", has_text="Answer")
+        await expect(answer).to_contain_text("Approved by U0PGAVERY and U0PGSAM.", timeout=SLOW)
+        await shot(page, "quorum-approved")
+    finally:
+        pg.stop()
+
+
 async def test_a_thousand_messages_and_a_restart(
     page: Page, redis_server: RedisServer, tmp_path: Path
 ) -> None:
