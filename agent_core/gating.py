@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from .agent import Agent
 from .approvers import RULE_PREFIX, ApprovalRequest, consult
 from .completions import clean_text
 from .models import requesters_of
+from .routes import ApprovalRoute, route_for
 from .script_replies import GateToOpen, OpenOutcome
 from .scripts import Scripts
 
@@ -38,11 +40,13 @@ async def open_gates(
     indexes: list[int] | None = None,
     *,
     timeout: float,
+    routes: Mapping[str, ApprovalRoute] | None = None,
 ) -> OpenOutcome:
     """Open one gate per call; the script's answer (``ok``: the run paused, ``decided``: the
     rules decided every call, ``lost``, ``stopped``, ``stale``). ``indexes``: each call's
     position among the turn's calls (default: its position in ``calls``), by which gates
-    are listed in call order."""
+    are listed in call order. ``routes``: APPROVAL_ROUTES (see :mod:`agent_core.routes`),
+    whose result each gate records: who may decide it and where its card goes."""
     run_id = run["run_id"]
     origin = json.loads(run.get("origin") or "{}")
     # Whoever spoke to the agent is a requester: everyone whose message the model had read
@@ -60,6 +64,7 @@ async def open_gates(
         assert t is not None
         gid = call["gate_id"]
         digest = args_hash(call["args"])
+        route = route_for(agent, t, routes)
         fields = {  # created_at and deadline are added by the script (Redis clock)
             "gate_id": gid,
             "run_id": run_id,
@@ -79,6 +84,8 @@ async def open_gates(
             "timeout": str(timeout),
             "nested": "1" if nested else "0",
             "path": json.dumps(path),
+            "approvers": json.dumps(list(route.approvers)),
+            "approval_channel": route.channel,
         }
         event = {
             "gate_id": gid,
@@ -98,6 +105,8 @@ async def open_gates(
             "timeout": timeout,
             "nested": nested,
             "path": path,
+            "approvers": list(route.approvers),
+            "approval_channel": route.channel,
         }
         decided = ""
         verdict = None

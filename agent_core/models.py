@@ -155,6 +155,10 @@ class Gate(BaseModel):
     closed_by_failure: bool = False  # cancelled because the run failed
     index: int | None = None  # the call's position in its turn (None: a gate of an older core)
     turn_gates: int | None = None  # how many gates its turn opened (None: an older core's)
+    # Who may decide it (Slack IDs, from its tool's or agent's route; empty: the global
+    # APPROVERS) and the channel its card goes to (empty: the task's thread).
+    approvers: list[str] = Field(default_factory=list)
+    approval_channel: str = ""
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Gate:
@@ -184,6 +188,8 @@ class Gate(BaseModel):
             closed_by_failure=h.get("closed_by_failure") == "1",
             index=int(h["index"]) if h.get("index") else None,
             turn_gates=int(h["turn_gates"]) if h.get("turn_gates") else None,
+            approvers=_str_list(h.get("approvers")),
+            approval_channel=h.get("approval_channel") or "",
         )
 
     @property

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import openai
@@ -34,6 +35,7 @@ from .exceptions import LeaseLost
 from .gating import args_hash
 from .keys import Keys
 from .models import Gate, GateStatus
+from .routes import ApprovalRoute
 from .script_replies import (
     Began,
     Claim,
@@ -87,6 +89,7 @@ class Runner:
         max_depth: int = children.DEFAULT_MAX_DEPTH,
         claim_replicas: int = 0,
         claim_wait_ms: int = 1000,
+        approval_routes: Mapping[str, ApprovalRoute] | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -102,6 +105,7 @@ class Runner:
         self.max_depth = max_depth
         self.claim_replicas = claim_replicas
         self.claim_wait_ms = claim_wait_ms
+        self.approval_routes = dict(approval_routes or {})
         self.scripts = Scripts(redis, keys)
         self.stopper = Stopper(redis, keys)
         # The runners of the other agents this worker serves, by agent name: a job names a
@@ -657,6 +661,7 @@ class Runner:
             fence,
             indexes,
             timeout=self.approval_timeout,
+            routes=self.approval_routes,
         )
         if res is OpenOutcome.LOST:
             raise LeaseLost(run["run_id"])

@@ -13,6 +13,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .exceptions import ConfigError
+from .routes import ApprovalRoute, parse_routes
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -152,6 +153,16 @@ class Settings(BaseSettings):
         gt=0,
         description="the seconds before a pending approval expires (an agent may set its own)",
     )
+    approval_routes_spec: str | None = Field(
+        None,
+        validation_alias="APPROVAL_ROUTES",
+        description=(
+            "per tool, who may decide its calls and the channel its cards go to, as JSON: "
+            '{"send_money": {"channel": "C0FINANCE", "approvers": "S0FINANCE"}} (approvers: '
+            "a Slack ID or a list; wins over the tool's and the agent's own)"
+        ),
+    )
+    """APPROVAL_ROUTES as set; :attr:`approval_routes` is the parsed map."""
     max_turns: int = Field(
         30,
         validation_alias="MAX_TURNS",
@@ -255,6 +266,18 @@ class Settings(BaseSettings):
     @classmethod
     def _agents(cls, v: str | None) -> str | None:
         return None if v is None else ",".join(parse_agents(v))
+
+    @field_validator("approval_routes_spec")
+    @classmethod
+    def _routes(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_routes(v)
+        return v
+
+    @property
+    def approval_routes(self) -> dict[str, ApprovalRoute]:
+        """APPROVAL_ROUTES parsed: tool name → its route (see :mod:`agent_core.routes`)."""
+        return parse_routes(self.approval_routes_spec) if self.approval_routes_spec else {}
 
     @model_validator(mode="after")
     def _agent_or_agents(self) -> Settings:

@@ -18,6 +18,7 @@ from typing import Any, overload
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .exceptions import ToolArgumentsError, ToolDefinitionError
+from .routes import ApproverIds, approver_ids, channel_id
 
 ApprovalRule = bool | Callable[[dict[str, Any]], bool] | None
 MAX_DESCRIPTION_CHARS = 1024
@@ -72,6 +73,10 @@ class Tool:
     requires_approval: ApprovalRule = None
     idempotent: bool = False
     schema: dict[str, Any] = field(default_factory=dict)
+    # Who may decide its calls (Slack IDs; empty: the agent's, else APPROVERS) and the
+    # channel its cards go to (empty: the agent's, else the task's thread).
+    approvers: tuple[str, ...] = ()
+    approval_channel: str = ""
 
     @classmethod
     def from_function(
@@ -82,6 +87,8 @@ class Tool:
         description: str | None = None,
         requires_approval: ApprovalRule = None,
         idempotent: bool = False,
+        approvers: ApproverIds = None,
+        approval_channel: str | None = None,
     ) -> Tool:
         """Describe ``fn`` as a tool (see :func:`tool`)."""
         if not callable(fn):
@@ -91,6 +98,11 @@ class Tool:
             raise ToolDefinitionError(f"{fn!r} has no __name__: pass name=")
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tool_name):
             raise ToolDefinitionError(f"tool name {tool_name!r} must match [A-Za-z0-9_-]{{1,64}}")
+        try:
+            ids = approver_ids(approvers, f"tool {tool_name}: approvers")
+            channel = channel_id(approval_channel, f"tool {tool_name}: approval_channel")
+        except ValueError as exc:
+            raise ToolDefinitionError(str(exc)) from None
         doc_desc, param_docs = _parse_docstring(inspect.getdoc(fn))
         try:
             hints = inspect.get_annotations(fn, eval_str=True)
@@ -132,6 +144,8 @@ class Tool:
             requires_approval=requires_approval,
             idempotent=idempotent,
             schema=schema,
+            approvers=ids,
+            approval_channel=channel,
         )
 
     def openai_schema(self) -> dict[str, Any]:
@@ -218,6 +232,8 @@ def tool(
     description: str | None = None,
     requires_approval: ApprovalRule = None,
     idempotent: bool = False,
+    approvers: ApproverIds = None,
+    approval_channel: str | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -229,12 +245,17 @@ def tool(
     description: str | None = None,
     requires_approval: ApprovalRule = None,
     idempotent: bool = False,
+    approvers: ApproverIds = None,
+    approval_channel: str | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function (sync or async) into a :class:`Tool`.
 
     ``requires_approval``: ``True`` always gates, ``False`` never does, a callable decides from
     the call's arguments (a dict; if it raises, the call is gated), ``None`` follows the agent's
     ``approval_policy``. ``idempotent=True`` lets a call left in doubt by a crash run again.
+    ``approvers`` (a Slack ID or a list: users, user groups, ``*``) replace the agent's
+    approvers and APPROVERS for this tool's calls; ``approval_channel`` (a channel ID) is where
+    their cards are posted, with one line in the task's thread (see :mod:`agent_core.routes`).
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -244,6 +265,8 @@ def tool(
             description=description,
             requires_approval=requires_approval,
             idempotent=idempotent,
+            approvers=approvers,
+            approval_channel=approval_channel,
         )
 
     if fn is not None:

@@ -102,6 +102,7 @@ class Worker:
                 claim_replicas=settings.decision_replicas,
                 model_retries=settings.openai_max_retries,
                 retry_budget=settings.openai_retry_budget,
+                approval_routes=settings.approval_routes,
             )
             for a in self.agents.values()
         }
