@@ -10,6 +10,7 @@ The bot, worker, Redis, the fake Slack and the fake model all run for real.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from agent_core import Decision, Gate, GateStatus, RunStatus
 from agent_core.testing import FakeOpenAI, call, calls, reply
-from bot import cards
+from bot import cards, routing
 from tests.agents import FINANCE_CHANNEL, FINANCE_GROUP, finance
 from tests.bot.conftest import (
     APPROVER,
@@ -166,6 +167,45 @@ async def test_the_thread_line_tells_an_expiry(
     card = await bot.wait_card(gate.gate_id, "Expired")
     assert card.channel == FINANCE_CHANNEL and cards.APPROVE_ACTION not in str(card.blocks)
     assert journal_lines(journal) == []
+
+
+async def test_the_thread_line_tells_a_cancel(
+    money: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    gate = await pay(money, fake_openai)
+    await thread_line(money, gate, "waiting")
+    await money.gateway.cancel_run(gate.run_id, by=REQUESTER)
+    line = await thread_line(money, gate, "cancelled")
+    assert line.text == (
+        f"✖️ `pay_invoice`: cancelled in <#{FINANCE_CHANNEL}>, the run was cancelled; not executed"
+    )
+    card = await money.wait_card(gate.gate_id, "Cancelled")
+    assert card.channel == FINANCE_CHANNEL and cards.APPROVE_ACTION not in str(card.blocks)
+
+
+def test_a_task_asked_in_the_approval_channel_keeps_its_card_in_its_thread() -> None:
+    base = {
+        "gate_id": "g",
+        "run_id": "r",
+        "call_id": "c",
+        "turn": "1",
+        "tool": "pay_invoice",
+        "args": "{}",
+        "args_hash": "h",
+        "status": "pending",
+        "created_at": "1",
+        "deadline": "2",
+        "timeout": "1",
+        "approval_channel": FINANCE_CHANNEL,
+    }
+    here = Gate.from_hash({**base, "origin": json.dumps({"channel": FINANCE_CHANNEL})})
+    elsewhere = Gate.from_hash({**base, "origin": json.dumps({"channel": CHANNEL})})
+    outside = Gate.from_hash(base)  # not started from Slack
+    assert (routing.routed(here), routing.routed(elsewhere), routing.routed(outside)) == (
+        False,
+        True,
+        False,
+    )
 
 
 # --------------------------------------------------------------------------- falling back
