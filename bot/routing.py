@@ -15,6 +15,7 @@ its card posted there, and one compact line in the task's thread.
   same approval channel, else to the thread (:func:`turn_place`).
 
 A gate whose approval channel is the task's own channel is shown in its thread, as usual.
+This module is the publisher's companion: it posts through its post-once machinery.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ async def show_routed(
     if not rec.ts and link is None:
         link = await _thread_link(pub, origin_channel, thread_ts)
         if link:
-            await store._hset(store.card_key(gate.gate_id), {"thread_link": link})
+            await store.set_card_fields(gate.gate_id, {"thread_link": link})
     card, smaller = _cards(gate, rec, route_cards.thread_line(link))
     if rec.ts:
         # The line first: once the card shows an outcome, the notifier leaves both alone.
@@ -121,7 +122,7 @@ async def show_routed(
             gate.approval_channel,
             exc.error,
         )
-        await store._hset(store.card_key(gate.gate_id), {"route_error": exc.error})
+        await store.set_card_fields(gate.gate_id, {"route_error": exc.error})
         line = route_cards.fallback_line(gate.approval_channel, exc.error)
         card, smaller = _cards(gate, rec, line)
         await pub._show(

@@ -169,6 +169,10 @@ class Store:
         """What the card shows now: its digest, and the gate status it shows (if known)."""
         await self._hset(self.card_key(gate_id, ns), self.card_digest_fields(digest, shown))
 
+    async def set_card_fields(self, gate_id: str, fields: dict[str, str]) -> None:
+        """More about a gate's card (its ``thread_link``, its ``route_error``: bot/routing.py)."""
+        await self._hset(self.card_key(gate_id), fields)
+
     async def set_result(self, gate_id: str, result: ToolResult) -> None:
         """The call's outcome, replacing whatever is stored (a cancel's guess included)."""
         await self._hset(self.card_key(gate_id), _result_fields(result))
