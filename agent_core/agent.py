@@ -15,6 +15,7 @@ from .approvers import Approver, RuleFn, as_approver
 from .exceptions import ConfigError
 from .nudges import Nudges, Seconds
 from .quorum import ApprovalsOption, check_approvals
+from .routes import ApproverIds, approver_ids, channel_id
 from .tools import Tool
 from .toolsets import Toolset
 
@@ -81,6 +82,12 @@ class Agent:
     approvals: ApprovalsOption = None
     """How many approvers a gated call needs, for tools that set none (see
     :mod:`agent_core.quorum`): a number of distinct people, or user-group IDs."""
+    approver_ids: ApproverIds = ()
+    """Who may decide this agent's calls (Slack IDs: users, user groups, ``*``), instead of
+    APPROVERS; a tool's own ``approvers`` replace these (see :mod:`agent_core.routes`)."""
+    approval_channel: str = ""
+    """The channel (ID) its cards are posted in, with one line in the task's thread; a
+    tool's own ``approval_channel`` wins. Empty: the task's thread."""
     _by_name: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _own: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _version: tuple[int, ...] = field(init=False, repr=False, default=())
@@ -136,6 +143,10 @@ class Agent:
                     f"agent {self.name!r}: a suggested prompt is a text or (title, message)"
                 )
         self.approvals = check_approvals(self.approvals, f"agent {self.name!r}")
+        self.approver_ids = approver_ids(self.approver_ids, f"agent {self.name!r}: approver_ids")
+        self.approval_channel = channel_id(
+            self.approval_channel, f"agent {self.name!r}: approval_channel"
+        )
         rules = [as_approver(r) for r in self.approvers]
         rule_names = [r.name for r in rules]
         if len(set(rule_names)) != len(rule_names):
@@ -206,14 +217,19 @@ class Agent:
         name: str | None = None,
         description: str | None = None,
         requires_approval: bool | None = None,
+        approvers: ApproverIds = None,
+        approval_channel: str | None = None,
     ) -> AgentTool:
         """This agent as a tool of another: a call runs it as a child run, whose gates are
-        shown on the parent's thread and whose final answer is the call's result."""
+        shown on the parent's thread and whose final answer is the call's result
+        (``approvers`` and ``approval_channel`` route the call's own gate, as for a tool)."""
         base = Tool.from_function(
             _ask_sub_agent,
             name=name or self.name,
             description=description or self.description or f"Ask the {self.name} agent.",
             requires_approval=requires_approval,
+            approvers=approvers,
+            approval_channel=approval_channel,
         )
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tool)}
         return AgentTool(**fields, agent=self)

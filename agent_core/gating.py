@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from .agent import Agent
@@ -19,6 +20,7 @@ from .completions import clean_text
 from .models import requesters_of
 from .nudges import Nudges
 from .quorum import quorum_for, rule_approval
+from .routes import ApprovalRoute, route_for
 from .script_replies import GateToOpen, OpenOutcome
 from .scripts import Scripts
 
@@ -42,12 +44,14 @@ async def open_gates(
     *,
     timeout: float,
     nudges: Nudges = Nudges(),
+    routes: Mapping[str, ApprovalRoute] | None = None,
 ) -> OpenOutcome:
     """Open one gate per call; the script's answer (``ok``: the run paused, ``decided``: the
     rules decided every call, ``lost``, ``stopped``, ``stale``). ``indexes``: each call's
     position among the turn's calls (default: its position in ``calls``), by which gates
     are listed in call order. ``nudges``: the settings' reminder and escalation, for calls
-    whose tool and agent set none."""
+    whose tool and agent set none. ``routes``: APPROVAL_ROUTES (see :mod:`agent_core.routes`),
+    whose result each gate records: who may decide it and where its card goes."""
     run_id = run["run_id"]
     origin = json.loads(run.get("origin") or "{}")
     # Whoever spoke to the agent is a requester: everyone whose message the model had read
@@ -65,6 +69,7 @@ async def open_gates(
         assert t is not None
         gid = call["gate_id"]
         digest = args_hash(call["args"])
+        route = route_for(agent, t, routes)
         fields = {  # created_at and deadline are added by the script (Redis clock)
             "gate_id": gid,
             "run_id": run_id,
@@ -85,6 +90,8 @@ async def open_gates(
             "nested": "1" if nested else "0",
             "path": json.dumps(path),
             **t.nudges.over(agent.nudges).over(nudges).gate_fields(),
+            "approvers": json.dumps(list(route.approvers)),
+            "approval_channel": route.channel,
         }
         event = {
             "gate_id": gid,
@@ -104,6 +111,8 @@ async def open_gates(
             "timeout": timeout,
             "nested": nested,
             "path": path,
+            "approvers": list(route.approvers),
+            "approval_channel": route.channel,
         }
         quorum = quorum_for(agent, t)
         if quorum is not None:  # more than one approver: counted by DECIDE_GATE

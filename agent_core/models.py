@@ -170,6 +170,10 @@ class Gate(BaseModel):
     # More than one approver (agent_core.quorum): None when one approval decides.
     quorum: Quorum | None = None
     approvals: list[Approval] = Field(default_factory=list)  # counted so far, in order
+    # Who may decide it (Slack IDs, from its tool's or agent's route; empty: the global
+    # APPROVERS) and the channel its card goes to (empty: the task's thread).
+    approvers: list[str] = Field(default_factory=list)
+    approval_channel: str = ""
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Gate:
@@ -206,6 +210,8 @@ class Gate(BaseModel):
             escalated_at=_opt_float(h.get("escalated_at")),
             quorum=Quorum.from_field(h.get("quorum")),
             approvals=approvals_of(h.get("approvals")),
+            approvers=_str_list(h.get("approvers")),
+            approval_channel=h.get("approval_channel") or "",
         )
 
     def extra_approvers(self) -> list[str]:

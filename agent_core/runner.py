@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import openai
@@ -36,6 +37,7 @@ from .keys import Keys
 from .models import Gate, GateStatus
 from .nudges import Nudges, check_agent
 from .quorum import approvals_of, approvers_told
+from .routes import ApprovalRoute
 from .script_replies import (
     Began,
     Claim,
@@ -90,6 +92,7 @@ class Runner:
         claim_replicas: int = 0,
         claim_wait_ms: int = 1000,
         nudges: Nudges = Nudges(),
+        approval_routes: Mapping[str, ApprovalRoute] | None = None,
     ) -> None:
         self.redis = redis
         self.keys = keys
@@ -108,6 +111,7 @@ class Runner:
         self.max_depth = max_depth
         self.claim_replicas = claim_replicas
         self.claim_wait_ms = claim_wait_ms
+        self.approval_routes = dict(approval_routes or {})
         self.scripts = Scripts(redis, keys)
         self.stopper = Stopper(redis, keys)
         # The runners of the other agents this worker serves, by agent name: a job names a
@@ -666,6 +670,7 @@ class Runner:
             indexes,
             timeout=self.approval_timeout,
             nudges=self.nudges,
+            routes=self.approval_routes,
         )
         if res is OpenOutcome.LOST:
             raise LeaseLost(run["run_id"])

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .exceptions import ConfigError
 from .nudges import Nudges, ids
+from .routes import ApprovalRoute, parse_routes
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -179,6 +180,16 @@ class Settings(BaseSettings):
             "IDs (S…), comma-separated"
         ),
     )
+    approval_routes_spec: str | None = Field(
+        None,
+        validation_alias="APPROVAL_ROUTES",
+        description=(
+            "per tool, who may decide its calls and the channel its cards go to, as JSON: "
+            '{"send_money": {"channel": "C0FINANCE", "approvers": "S0FINANCE"}} (approvers: '
+            "a Slack ID or a list; wins over the tool's and the agent's own)"
+        ),
+    )
+    """APPROVAL_ROUTES as set; :attr:`approval_routes` is the parsed map."""
     max_turns: int = Field(
         30,
         validation_alias="MAX_TURNS",
@@ -292,6 +303,17 @@ class Settings(BaseSettings):
             return ",".join(ids(v, "ESCALATE_TO") or ())
         except ValueError as exc:
             raise ValueError(str(exc).removeprefix("ESCALATE_TO: ")) from None
+    @field_validator("approval_routes_spec")
+    @classmethod
+    def _routes(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_routes(v)
+        return v
+
+    @property
+    def approval_routes(self) -> dict[str, ApprovalRoute]:
+        """APPROVAL_ROUTES parsed: tool name → its route (see :mod:`agent_core.routes`)."""
+        return parse_routes(self.approval_routes_spec) if self.approval_routes_spec else {}
 
     @model_validator(mode="after")
     def _agent_or_agents(self) -> Settings:

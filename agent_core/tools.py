@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from .exceptions import ToolArgumentsError, ToolDefinitionError
 from .nudges import Nudges, Seconds
 from .quorum import ApprovalsOption, check_approvals
+from .routes import ApproverIds, approver_ids, channel_id
 
 ApprovalRule = bool | Callable[[dict[str, Any]], bool] | None
 MAX_DESCRIPTION_CHARS = 1024
@@ -76,6 +77,10 @@ class Tool:
     schema: dict[str, Any] = field(default_factory=dict)
     nudges: Nudges = field(default_factory=Nudges)  # reminders, escalation (agent_core.nudges)
     approvals: ApprovalsOption = None  # more than one approver: see agent_core.quorum
+    # Who may decide its calls (Slack IDs; empty: the agent's, else APPROVERS) and the
+    # channel its cards go to (empty: the agent's, else the task's thread).
+    approvers: tuple[str, ...] = ()
+    approval_channel: str = ""
 
     @classmethod
     def from_function(
@@ -90,6 +95,8 @@ class Tool:
         escalate_after: Seconds | None = None,
         escalate_to: str | Iterable[str] | None = None,
         approvals: ApprovalsOption = None,
+        approvers: ApproverIds = None,
+        approval_channel: str | None = None,
     ) -> Tool:
         """Describe ``fn`` as a tool (see :func:`tool`)."""
         if not callable(fn):
@@ -105,6 +112,8 @@ class Tool:
             raise ToolDefinitionError(f"tool {tool_name}: {exc}") from None
         try:
             approvals = check_approvals(approvals, f"tool {tool_name}")
+            ids = approver_ids(approvers, f"tool {tool_name}: approvers")
+            channel = channel_id(approval_channel, f"tool {tool_name}: approval_channel")
         except ValueError as exc:
             raise ToolDefinitionError(str(exc)) from None
         doc_desc, param_docs = _parse_docstring(inspect.getdoc(fn))
@@ -150,6 +159,8 @@ class Tool:
             schema=schema,
             nudges=nudges,
             approvals=approvals,
+            approvers=ids,
+            approval_channel=channel,
         )
 
     def openai_schema(self) -> dict[str, Any]:
@@ -240,6 +251,8 @@ def tool(
     escalate_after: Seconds | None = None,
     escalate_to: str | Iterable[str] | None = None,
     approvals: ApprovalsOption = None,
+    approvers: ApproverIds = None,
+    approval_channel: str | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -255,6 +268,8 @@ def tool(
     escalate_after: Seconds | None = None,
     escalate_to: str | Iterable[str] | None = None,
     approvals: ApprovalsOption = None,
+    approvers: ApproverIds = None,
+    approval_channel: str | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function (sync or async) into a :class:`Tool`.
 
@@ -266,6 +281,9 @@ def tool(
     on (see :mod:`agent_core.nudges`; ``None`` follows the agent, ``0`` turns a step off).
     ``approvals``: more than one approver for a gated call: a number of distinct people
     (``2``), or a list of Slack user-group IDs, one approver from each (default: the agent's).
+    ``approvers`` (a Slack ID or a list: users, user groups, ``*``) replace the agent's
+    approvers and APPROVERS for this tool's calls; ``approval_channel`` (a channel ID) is where
+    their cards are posted, with one line in the task's thread (see :mod:`agent_core.routes`).
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -279,6 +297,8 @@ def tool(
             escalate_after=escalate_after,
             escalate_to=escalate_to,
             approvals=approvals,
+            approvers=approvers,
+            approval_channel=approval_channel,
         )
 
     if fn is not None:

@@ -104,6 +104,7 @@ class Worker:
                 model_retries=settings.openai_max_retries,
                 retry_budget=settings.openai_retry_budget,
                 nudges=settings.nudges,
+                approval_routes=settings.approval_routes,
             )
             for a in self.agents.values()
         }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -36,6 +37,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from agent_core.routes import ApproverIds, approver_ids, channel_id
 from agent_core.tools import ApprovalRule as ToolRule
 
 from .exceptions import MCPConnectionError, MCPTimeoutError, MCPToolError
@@ -105,6 +107,8 @@ class MCPToolset:
     call, a list of tool names gates those (the others follow the agent's
     ``approval_policy``), a callable decides from (tool name, arguments) and gates the call
     when it raises, ``False`` gates none, ``None`` leaves it all to the agent's policy.
+    ``approvers`` and ``approval_channel`` route every call of the server's tools as a tool's
+    own do (see :mod:`agent_core.routes`; APPROVAL_ROUTES can route one tool).
     ``timeout`` bounds each call, ``connect_timeout`` each connection attempt (seconds).
     """
 
@@ -114,6 +118,8 @@ class MCPToolset:
         *,
         allowed_tools: Sequence[str] | None = None,
         requires_approval: MCPApprovalRule = None,
+        approvers: ApproverIds = None,
+        approval_channel: str | None = None,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
     ) -> None:
@@ -136,6 +142,10 @@ class MCPToolset:
         self.allowed_tools = None if allowed_tools is None else frozenset(allowed_tools)
         self.requires_approval: MCPApprovalRule = (
             tuple(rule) if isinstance(rule, Sequence) and not callable(rule) else rule
+        )
+        self.approvers = approver_ids(approvers, f"MCP server {name!r}: approvers")
+        self.approval_channel = channel_id(
+            approval_channel, f"MCP server {name!r}: approval_channel"
         )
         self.timeout = _positive(name, "timeout", timeout)
         self.connect_timeout = _positive(name, "connect_timeout", connect_timeout)
@@ -428,6 +438,9 @@ class MCPToolset:
                 continue
             try:
                 tool = MCPTool.from_listing(t, self, self._rule(t.name))
+                tool = dataclasses.replace(
+                    tool, approvers=self.approvers, approval_channel=self.approval_channel
+                )
             except jsonschema.SchemaError as exc:
                 log.warning(
                     "MCP server %s: tool %s hidden: its input schema is invalid (%s)",
@@ -504,6 +517,8 @@ class MCPServerStdio(MCPToolset):
         cwd: str | Path | None = None,
         allowed_tools: Sequence[str] | None = None,
         requires_approval: MCPApprovalRule = None,
+        approvers: ApproverIds = None,
+        approval_channel: str | None = None,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
     ) -> None:
@@ -511,6 +526,8 @@ class MCPServerStdio(MCPToolset):
             name,
             allowed_tools=allowed_tools,
             requires_approval=requires_approval,
+            approvers=approvers,
+            approval_channel=approval_channel,
             timeout=timeout,
             connect_timeout=connect_timeout,
         )
@@ -545,6 +562,8 @@ class MCPServerHTTP(MCPToolset):
         headers: Mapping[str, str] | None = None,
         allowed_tools: Sequence[str] | None = None,
         requires_approval: MCPApprovalRule = None,
+        approvers: ApproverIds = None,
+        approval_channel: str | None = None,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
     ) -> None:
@@ -552,6 +571,8 @@ class MCPServerHTTP(MCPToolset):
             name,
             allowed_tools=allowed_tools,
             requires_approval=requires_approval,
+            approvers=approvers,
+            approval_channel=approval_channel,
             timeout=timeout,
             connect_timeout=connect_timeout,
         )
@@ -581,6 +602,8 @@ class MCPServerSSE(MCPToolset):
         headers: Mapping[str, str] | None = None,
         allowed_tools: Sequence[str] | None = None,
         requires_approval: MCPApprovalRule = None,
+        approvers: ApproverIds = None,
+        approval_channel: str | None = None,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
     ) -> None:
@@ -588,6 +611,8 @@ class MCPServerSSE(MCPToolset):
             name,
             allowed_tools=allowed_tools,
             requires_approval=requires_approval,
+            approvers=approvers,
+            approval_channel=approval_channel,
             timeout=timeout,
             connect_timeout=connect_timeout,
         )

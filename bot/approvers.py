@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -25,8 +26,34 @@ GROUP_CACHE_SECONDS = 60.0
 GROUP_FAILURE_CACHE_SECONDS = 5.0
 
 
+@dataclass(frozen=True)
+class ApproverList:
+    """One list of who may decide: user IDs, user groups, ``*``."""
+
+    anyone: bool
+    users: frozenset[str]
+    groups: tuple[str, ...]
+    of_gate: bool = False  # the gate's own list (its tool's or agent's), not APPROVERS
+
+    @classmethod
+    def parse(cls, spec: Iterable[str], *, of_gate: bool = False) -> ApproverList:
+        items = [s for s in spec if s]
+        return cls(
+            "*" in items,
+            frozenset(s for s in items if s[0] in "UW"),
+            tuple(s for s in items if s[0] == "S"),
+            of_gate,
+        )
+
+    @property
+    def configured(self) -> bool:
+        return self.anyone or bool(self.users) or bool(self.groups)
+
+
 class Approvers:
-    """Answers "may this user decide?" from the APPROVERS setting."""
+    """Answers "may this user decide?" from the APPROVERS setting, or from a gate's own
+    approvers (its tool's or agent's, recorded in the gate when it opened), which replace
+    APPROVERS for that gate."""
 
     def __init__(
         self,
@@ -37,10 +64,7 @@ class Approvers:
         allow_external: bool = False,
         cache_seconds: float = GROUP_CACHE_SECONDS,
     ) -> None:
-        items = [s for s in spec if s]
-        self.anyone = "*" in items
-        self.users = frozenset(s for s in items if s[0] in "UW")
-        self.groups = tuple(s for s in items if s[0] == "S")
+        self.default = ApproverList.parse(spec)
         self.allow_self_approval = allow_self_approval
         self.allow_external = allow_external
         self._client = client
@@ -49,41 +73,82 @@ class Approvers:
         self._locks: dict[str, asyncio.Lock] = {}
 
     @property
-    def configured(self) -> bool:
-        return self.anyone or bool(self.users) or bool(self.groups)
+    def anyone(self) -> bool:
+        return self.default.anyone
 
-    async def is_approver(self, user_id: str, *, external: bool = False) -> bool:
+    @property
+    def users(self) -> frozenset[str]:
+        return self.default.users
+
+    @property
+    def groups(self) -> tuple[str, ...]:
+        return self.default.groups
+
+    @property
+    def configured(self) -> bool:
+        return self.default.configured
+
+    def list_for(self, gate: Gate | None) -> ApproverList:
+        """Who may decide ``gate``: its own approvers when it has some, else APPROVERS; plus,
+        once it was escalated, its ``escalate_to`` (:meth:`Gate.extra_approvers`)."""
+        if gate is None:
+            return self.default
+        base = ApproverList.parse(gate.approvers, of_gate=True) if gate.approvers else self.default
+        extra = gate.extra_approvers()
+        if not extra:
+            return base
+        more = ApproverList.parse(extra)
+        return ApproverList(
+            base.anyone or more.anyone,
+            base.users | more.users,
+            base.groups + tuple(g for g in more.groups if g not in base.groups),
+            base.of_gate,
+        )
+
+    async def is_approver(
+        self, user_id: str, *, external: bool = False, gate: Gate | None = None
+    ) -> bool:
         """``external``: the user belongs to another workspace (Slack Connect), whom ``*``
-        covers only with ``allow_external``."""
-        if user_id in self.users:
+        covers only with ``allow_external``. ``gate``: judged by its own approvers, if any."""
+        who = self.list_for(gate)
+        if user_id in who.users:
             return True
-        if self.anyone and (not external or self.allow_external):
+        if who.anyone and (not external or self.allow_external):
             return True
-        for group in self.groups:
+        for group in who.groups:
             if user_id in await self._members(group):
                 return True
         return False
 
-    async def why_not(self, user_id: str, *, external: bool = False) -> str | None:
-        """``None`` when the user is an approver, otherwise the reason to show them."""
-        if not self.configured:
+    async def why_not(
+        self, user_id: str, *, external: bool = False, gate: Gate | None = None
+    ) -> str | None:
+        """``None`` when the user is an approver (of ``gate``, when given), otherwise the
+        reason to show them."""
+        who = self.list_for(gate)
+        if not who.configured:
             return (
                 "No approvers are configured (APPROVERS is empty), so nobody can approve "
                 "or deny tool calls. Ask your Slack admin to set APPROVERS."
             )
-        if await self.is_approver(user_id, external=external):
+        if await self.is_approver(user_id, external=external, gate=gate):
             return None
-        failed = [g for g in self.groups if g in self._cache and self._cache[g][1] is None]
+        failed = [g for g in who.groups if g in self._cache and self._cache[g][1] is None]
         if failed:
             return (
                 "You are not on the approver list, and the approver user group could not be "
                 "checked just now. Try again in a moment."
             )
-        if self.anyone and external:
+        if who.anyone and external:
             return (
                 "Your click came from another workspace (Slack Connect), or did not say which: "
                 "only members of this app's workspace may approve or deny here "
                 "(ALLOW_EXTERNAL_APPROVERS is off), so nothing was decided."
+            )
+        if who.of_gate and gate is not None:
+            return (
+                f"Only the approvers of `{gate.tool}` may decide its calls "
+                f"({_mentions(gate.approvers)}), and you are not one of them."
             )
         return "You are not on the approver list for this agent (APPROVERS)."
 
@@ -92,11 +157,12 @@ class Approvers:
     ) -> str | None:
         """``None`` if the user may approve (``approve=True``) or deny this gate.
 
-        Whoever spoke to the agent is a requester: the run's starter and everyone whose
-        message the model had read when it asked for the call (thread replies, mentions, down
-        through sub-agents). No requester may approve the call unless self-approval is
-        enabled. The starter may always deny their own run's call (as they may cancel the
-        run). ``external`` as for :meth:`is_approver`.
+        Who may decide is the gate's own approver list when it has one (its tool's or
+        agent's), else APPROVERS. Whoever spoke to the agent is a requester: the run's
+        starter and everyone whose message the model had read when it asked for the call
+        (thread replies, mentions, down through sub-agents). No requester may approve the
+        call unless self-approval is enabled. The starter may always deny their own run's
+        call (as they may cancel the run). ``external`` as for :meth:`is_approver`.
         """
         starter = bool(gate.requested_by) and user_id == gate.requested_by
         if not approve and starter:
@@ -107,29 +173,15 @@ class Approvers:
                     "You asked for this run, so someone else has to approve its tool calls "
                     "(self-approval is off: ALLOW_SELF_APPROVAL)."
                 )
-            if user_id in gate.requesters and not await self._why_not_for(user_id, gate, external):
+            if user_id in gate.requesters and not await self.why_not(
+                user_id, external=external, gate=gate
+            ):
                 return (
                     "You spoke to the agent in this run's thread before it asked for this "
                     "call, so you are one of its requesters: someone else has to approve it "
                     "(self-approval is off: ALLOW_SELF_APPROVAL)."
                 )
-        return await self._why_not_for(user_id, gate, external)
-
-    async def _why_not_for(self, user_id: str, gate: Gate, external: bool) -> str | None:
-        """:meth:`why_not`, with the people the gate was escalated to (by user id or user
-        group, see :meth:`agent_core.models.Gate.extra_approvers`) counted as approvers."""
-        why = await self.why_not(user_id, external=external)
-        if why is not None and await self.escalated_to(user_id, gate):
-            return None
-        return why
-
-    async def escalated_to(self, user_id: str, gate: Gate) -> bool:
-        """Whether ``gate`` was escalated to ``user_id``: listed in its ``escalate_to`` by
-        user id or through a user group (looked up as APPROVERS' groups are: fails closed)."""
-        for ident in gate.extra_approvers():
-            if ident == user_id or (ident[:1] == "S" and user_id in await self._members(ident)):
-                return True
-        return False
+        return await self.why_not(user_id, external=external, gate=gate)
 
     async def quorum_groups(self, user_id: str, gate: Gate) -> list[str]:
         """The user groups of ``gate``'s quorum (agent_core.quorum) that ``user_id`` is in,
@@ -158,6 +210,19 @@ class Approvers:
                 log.warning("could not list members of user group %s: %s", group, _describe(exc))
                 self._cache[group] = (time.monotonic() + GROUP_FAILURE_CACHE_SECONDS, None)
                 return frozenset()
+
+
+def _mentions(ids: Iterable[str]) -> str:
+    """``<@U1>, <!subteam^S1>, everyone``: how Slack shows each approver."""
+    shown = []
+    for i in ids:
+        if i == "*":
+            shown.append("everyone in the workspace")
+        elif i.startswith("S"):
+            shown.append(f"<!subteam^{i}>")
+        else:
+            shown.append(f"<@{i}>")
+    return ", ".join(shown)
 
 
 def _describe(exc: BaseException) -> str:

@@ -118,7 +118,8 @@ class Nudger:
     """Posts the reply of each reminder and escalation, once, while the gate is pending."""
 
     def __init__(self, publisher: Publisher, store: Store, approvers: Sequence[str]) -> None:
-        """``approvers``: whom a reminder mentions (APPROVERS)."""
+        """``approvers``: whom a reminder mentions (APPROVERS) when the gate has no approvers of
+        its own (its tool's or agent's, :mod:`agent_core.routes`)."""
         self.publisher = publisher
         self.store = store
         self.approvers = list(approvers)
@@ -142,7 +143,7 @@ class Nudger:
             if not channel:
                 return  # not started from Slack
             if step == REMIND:
-                text = reminder_message(gate, self.approvers)
+                text = reminder_message(gate, gate.approvers or self.approvers)
             else:
                 text = escalation_message(gate)
             ts = await self.publisher.post_message(channel, thread_ts, text)

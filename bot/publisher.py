@@ -41,11 +41,12 @@ from agent_core import metrics
 from agent_core.gateway import valid_gate_id, valid_run_id
 from agent_core.models import Gate, GateStatus, Run
 
-from . import cards, run_cards
+from . import cards, routing, run_cards
 from .answers import Attachment, no_file_message
 from .ports import GatewayLike
 from .store import (
     CARD_NS,
+    NOTE_NS,
     TURN_NS,
     CardRecord,
     Held,
@@ -241,13 +242,16 @@ class Publisher:
         # The gate and its card's record are read as the lock is taken, and what the card
         # shows now is recorded as it is released: two round trips instead of five (a
         # click's card update is most of what web does per click).
-        read = [store.keys.gate(gate_id), store.card_key(gate_id)]
+        read = [store.keys.gate(gate_id), store.card_key(gate_id), store.card_key(gate_id, NOTE_NS)]
         async with store.lock(f"gate:{gate_id}", read=read) as held:
-            h, card_h = held.read
+            h, card_h, note_h = held.read
             if not h:
                 return None
             gate = Gate.from_hash(h)
             rec = card_record(card_h)
+            if routing.routed(gate):  # its card goes to an approval channel
+                await routing.show_routed(self, gate, rec, note_h, held)
+                return gate
             await self._show(
                 _Slot(gate_id, CARD_NS, card_metadata(gate_id)),
                 rec,
@@ -285,13 +289,19 @@ class Publisher:
                 return
             card = cards.turn_card(gates)
             origin = gates[0].origin
+            channel, thread_ts = _opt_str(origin.get("channel")), _opt_str(origin.get("thread_ts"))
+            if any(g.approval_channel for g in gates):
+                # Where its gates' cards went: their approval channel, or the thread.
+                channel, thread_ts, card = await routing.turn_place(
+                    self, gates, card, channel, thread_ts
+                )
             await self._show(
                 _Slot(ident, TURN_NS, turn_metadata(run_id, turn)),
                 rec,
                 card,
                 lambda: card,
-                _opt_str(origin.get("channel")),
-                _opt_str(origin.get("thread_ts")),
+                channel,
+                thread_ts,
             )
 
     async def _show(
@@ -305,10 +315,12 @@ class Publisher:
         *,
         shown: str | None = None,
         held: Held | None = None,
+        refused: frozenset[str] = frozenset(),
     ) -> None:
         """Post a card (a gate's, a turn's) once, or update every message showing it
         (``shown``: the gate status it shows, kept with the card's digest; written as
-        ``held``, the card's lock, is released, when given)."""
+        ``held``, the card's lock, is released, when given). A post that Slack refuses with
+        an error in ``refused`` raises :class:`~bot.routing.ChannelRefused`."""
         d = digest(card)
         if not rec.ts and rec.posting is not None and channel:
             # A process asked Slack to post this card and died (or lost the answer)
@@ -331,6 +343,7 @@ class Publisher:
             channel=channel,
             thread_ts=thread_ts,
             metadata=slot.metadata,
+            refused=refused,
         )
         if resp is None:
             return
@@ -587,14 +600,22 @@ class Publisher:
                 log.warning("could not tell %s: %s", user_id, slack_error(exc))
 
     async def _send_card(
-        self, method: str, card: cards.Card, smaller: Callable[[], cards.Card], **kwargs: Any
+        self,
+        method: str,
+        card: cards.Card,
+        smaller: Callable[[], cards.Card],
+        *,
+        refused: frozenset[str] = frozenset(),
+        **kwargs: Any,
     ) -> Any:
         """Send a card; if Slack refuses its size or shape, send the compact one instead
-        (rendered only then)."""
+        (rendered only then). An error in ``refused`` raises ChannelRefused."""
         client = self._client(post=method == "chat_postMessage")
         try:
             return await getattr(client, method)(text=card.text, blocks=card.blocks, **kwargs)
         except Exception as exc:
+            if isinstance(exc, SlackApiError) and slack_error(exc) in refused:
+                raise routing.ChannelRefused(slack_error(exc)) from exc
             if not isinstance(exc, SlackApiError) or slack_error(exc) not in TOO_BIG:
                 return self._failed(method, exc)
             log.warning("Slack refused a card (%s); sending the compact one", slack_error(exc))

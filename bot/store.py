@@ -32,6 +32,9 @@ CARD_NS = "slack-card"
 # The "Approve all" message of a turn with several gates: a record like a card's, named by
 # ``turn_ident(run_id, turn)``.
 TURN_NS = "slack-turn"
+# The compact line in a task's thread for a gate whose card went to an approval channel
+# (bot/routing.py): a record like a card's, named by the gate id.
+NOTE_NS = "slack-note"
 RUN_NS = "slack-run"
 # channel + root ts of a run's thread → the run id (a reply there continues the run).
 THREAD_NS = "slack-thread"
@@ -65,6 +68,10 @@ class CardRecord:
     posting: float | None = None  # unix time a post of the card was last attempted
     others: tuple[str, ...] = ()  # further messages showing this gate (same channel)
     shown: str | None = None  # the gate status the card was last updated to show
+    # A card routed to an approval channel (bot/routing.py): the permalink of its task's
+    # thread, and the error Slack gave for that channel when the card fell back to the thread.
+    thread_link: str | None = None
+    route_error: str | None = None
 
     @property
     def all_ts(self) -> list[str]:
@@ -161,6 +168,10 @@ class Store:
     ) -> None:
         """What the card shows now: its digest, and the gate status it shows (if known)."""
         await self._hset(self.card_key(gate_id, ns), self.card_digest_fields(digest, shown))
+
+    async def set_card_fields(self, gate_id: str, fields: dict[str, str]) -> None:
+        """More about a gate's card (its ``thread_link``, its ``route_error``: bot/routing.py)."""
+        await self._hset(self.card_key(gate_id), fields)
 
     async def set_result(self, gate_id: str, result: ToolResult) -> None:
         """The call's outcome, replacing whatever is stored (a cancel's guess included)."""
@@ -342,6 +353,8 @@ def card_record(h: dict[str, str]) -> CardRecord:
         posting,
         others,
         h.get("shown") or None,
+        h.get("thread_link") or None,
+        h.get("route_error") or None,
     )
 
 

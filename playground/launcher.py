@@ -55,6 +55,11 @@ HELP = {
     "PORT": "the bot's port (default 3000)",
     "PLAYGROUND_KEY_PREFIX": "the playground's own key prefix (default playground)",
     "APPROVERS": "who may approve (default: Avery and the @oncall group)",
+    "APPROVAL_ROUTES": (
+        "route tools to #finance-approvals, e.g. "
+        '{"send_email": {"channel": "C0PGFINANCE", "approvers": "S0PGFINANCE"}} '
+        "(@finance: Sam); unset, every card is in its task's thread"
+    ),
     "SLASH_COMMAND": "the slash command (default /agent)",
     "OPENAI_API_KEY, OPENAI_BASE_URL": "a real model; unset, a scripted one answers",
     "PLAYGROUND_MODEL": "module:function, your own script for the scripted model",

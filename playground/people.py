@@ -1,7 +1,9 @@
-"""Who is in the playground's workspace: one channel, four people, one user group, the bot.
+"""Who is in the playground's workspace: two channels, four people, two user groups, the bot.
 
 The people cover every authorization rule: the requester (who may not approve their own
 call), an approver named in APPROVERS, a member of an approver user group, and an outsider.
+#finance-approvals is an approval channel: route a tool there with APPROVAL_ROUTES, e.g.
+``{"send_email": {"channel": "C0PGFINANCE", "approvers": "S0PGFINANCE"}}`` (@finance: Sam).
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ TEAM_ID = "T0PGTEAM"
 TEAM_NAME = "Playground"
 CHANNEL_ID = "C0PGGENERAL"
 CHANNEL_NAME = "general"
+FINANCE_CHANNEL_ID = "C0PGFINANCE"
+FINANCE_CHANNEL_NAME = "finance-approvals"
+# Every channel, the main one (where people type) first: id → name.
+CHANNELS = {CHANNEL_ID: CHANNEL_NAME, FINANCE_CHANNEL_ID: FINANCE_CHANNEL_NAME}
 BOT_USER_ID = "U0PGBOT"
 BOT_ID = "B0PGBOT"
 BOT_NAME = "agent"
@@ -25,15 +31,17 @@ OUTSIDER = Person("U0PGMORGAN", "Morgan", "outsider: not an approver")
 PEOPLE: tuple[Person, ...] = (REQUESTER, APPROVER, ON_CALL, OUTSIDER)
 
 ONCALL_GROUP = "S0PGONCALL"
+FINANCE_GROUP = "S0PGFINANCE"  # not in APPROVERS: a route names it
 USERGROUPS: dict[str, UserGroup] = {
     ONCALL_GROUP: UserGroup(ONCALL_GROUP, "oncall", "On-call", (ON_CALL.id,)),
+    FINANCE_GROUP: UserGroup(FINANCE_GROUP, "finance", "Finance", (ON_CALL.id,)),
 }
 
 # What the bot's APPROVERS is set to when the person running the playground sets none.
 DEFAULT_APPROVERS = f"{APPROVER.id},{ONCALL_GROUP}"
 
 
-# The workspace the playground's Web API answers about: its one channel, these people.
+# The workspace the playground's Web API answers about: its channels, these people.
 WORKSPACE = Workspace(
     team_id=TEAM_ID,
     team_name=TEAM_NAME,
@@ -42,7 +50,7 @@ WORKSPACE = Workspace(
     bot_name=BOT_NAME,
     app_id=APP_ID,
     url="http://playground.localhost/",
-    channels=frozenset({CHANNEL_ID}),
+    channels=frozenset(CHANNELS),
     people={p.id: p for p in PEOPLE},
     usergroups=USERGROUPS,
 )

@@ -195,7 +195,7 @@ class Playground:
             token,
             {
                 "user": user,
-                "channel": people.CHANNEL_ID,
+                "channel": msg.channel if msg is not None else people.CHANNEL_ID,
                 "thread_ts": thread,
                 "message_ts": msg.ts if msg is not None else None,
             },
@@ -215,6 +215,7 @@ class Playground:
             {
                 "team": {"id": people.TEAM_ID, "name": people.TEAM_NAME},
                 "channel": {"id": people.CHANNEL_ID, "name": people.CHANNEL_NAME},
+                "channels": [{"id": c, "name": n} for c, n in people.CHANNELS.items()],
                 "bot": {"id": people.BOT_USER_ID, "name": people.BOT_NAME},
                 "users": [{"id": p.id, "name": p.name, "title": p.title} for p in people.PEOPLE],
                 "default_user": people.REQUESTER.id,
@@ -237,9 +238,18 @@ class Playground:
             raise BadRequest("unknown user: choose one of the playground's people")
         return value
 
+    def _channel(self, value: Any) -> str:
+        """The channel a page request names (the main one when it names none)."""
+        if value is None or value == "":
+            return people.CHANNEL_ID
+        if not isinstance(value, str) or value not in people.CHANNELS:
+            raise BadRequest("unknown channel: choose one of the playground's channels")
+        return value
+
     async def _history(self, request: web.Request) -> web.Response:
         try:
             viewer = self._as(request.query.get("as"))
+            channel = self._channel(request.query.get("channel"))
         except BadRequest as exc:
             return _bad(str(exc))
         try:
@@ -249,23 +259,22 @@ class Playground:
         before = request.query.get("before") or None
         if before is not None and not re.fullmatch(r"\d+\.\d+", before):
             return _bad("before must be a message ts")
-        found, more = await self.store.top_level(
-            people.CHANNEL_ID, limit=limit, before=before, viewer=viewer
-        )
+        found, more = await self.store.top_level(channel, limit=limit, before=before, viewer=viewer)
         messages = [await self.api.present(m) for m in found]
         return web.json_response({"messages": messages, "has_more": more})
 
     async def _thread(self, request: web.Request) -> web.Response:
         try:
             viewer = self._as(request.query.get("as"))
+            channel = self._channel(request.query.get("channel"))
         except BadRequest as exc:
             return _bad(str(exc))
-        root = await self.store.get(people.CHANNEL_ID, request.query.get("ts") or "")
+        root = await self.store.get(channel, request.query.get("ts") or "")
         if root is not None and root.is_reply and root.thread_ts:
-            root = await self.store.get(people.CHANNEL_ID, root.thread_ts)
+            root = await self.store.get(channel, root.thread_ts)
         if root is None or root.ephemeral_to:
             return web.json_response({"error": "thread_not_found"}, status=404)
-        replies = await self.store.replies(people.CHANNEL_ID, root.ts, viewer)
+        replies = await self.store.replies(channel, root.ts, viewer)
         return web.json_response(
             {
                 "root": await self.api.present(root),

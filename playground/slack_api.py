@@ -339,7 +339,7 @@ class WebApi:
 
     def _read_problem(self, args: dict[str, Any]) -> dict[str, Any] | None:
         """The refusal of a conversations.history/replies call's channel or range."""
-        if (error := self.workspace.channel_problem(args.get("channel"))) is not None:
+        if (error := self.workspace.channel_problem(args.get("channel"), write=False)) is not None:
             return _fail(error)
         if self._range(args) is None:
             return _fail("invalid_arguments", "oldest/latest must be timestamps")
@@ -515,7 +515,7 @@ class WebApi:
         """A message's link: ``{workspace url}archives/{channel}/p{ts without the dot}``,
         with the thread for a reply."""
         channel = args.get("channel")
-        if (error := self.workspace.channel_problem(channel)) is not None:
+        if (error := self.workspace.channel_problem(channel, write=False)) is not None:
             return _fail(error)
         msg = await self.store.get(str(channel), str(args.get("message_ts") or ""))
         if msg is None or msg.ephemeral_to:

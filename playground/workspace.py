@@ -31,7 +31,13 @@ class UserGroup:
 class Workspace:
     """A workspace (see the module docstring). ``channels`` None: every channel exists;
     ``unreachable``: channel → the error posting there gets (``not_in_channel``);
-    ``open_membership``: everyone is in every channel (else only ``people``)."""
+    ``open_membership``: everyone is in every channel (else only ``people``).
+
+    Channel membership, as Slack answers the app about it: ``bot_not_in`` lists the
+    channels the app's bot is not a member of (it cannot post or read there: a public one
+    answers ``not_in_channel``, a private one, listed in ``private``, ``channel_not_found``
+    as if it did not exist); ``archived`` ones answer ``is_archived`` to posts and updates.
+    """
 
     team_id: str
     team_name: str
@@ -45,13 +51,20 @@ class Workspace:
     usergroups: dict[str, UserGroup] = field(default_factory=dict)
     unreachable: dict[str, str] = field(default_factory=dict)
     open_membership: bool = False
+    bot_not_in: set[str] = field(default_factory=set)
+    private: set[str] = field(default_factory=set)
+    archived: set[str] = field(default_factory=set)
 
-    def channel_problem(self, channel: Any) -> str | None:
-        """The error Slack gives for posting to or reading ``channel``, or None."""
+    def channel_problem(self, channel: Any, *, write: bool = True) -> str | None:
+        """The error Slack gives for posting to (``write``) or reading ``channel``, or None."""
         if not channel or not isinstance(channel, str):
             return "channel_not_found"
         if self.channels is not None and channel not in self.channels:
             return "channel_not_found"
+        if channel in self.bot_not_in:
+            return "channel_not_found" if channel in self.private else "not_in_channel"
+        if write and channel in self.archived:
+            return "is_archived"
         return self.unreachable.get(channel)
 
     def is_member(self, user: str) -> bool:

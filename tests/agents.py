@@ -301,3 +301,22 @@ def quorum_model(messages: list[dict[str, Any]]) -> Step:
     if last.get("role") == "tool":
         return reply(str(last.get("content")))
     return call("wire", {"amount": 500})
+# --- approval channels: routes of tools and agents (agent_core.routes) ----------------------
+FINANCE_CHANNEL = "C0FINANCE"
+FINANCE_GROUP = "S0FINANCE"
+
+
+@tool(requires_approval=True, approvers=FINANCE_GROUP, approval_channel=FINANCE_CHANNEL)
+def pay_invoice(invoice: str, amount: int) -> str:
+    """Pay an invoice (decided by finance, in the finance channel)."""
+    journal(f"pay_invoice:{invoice}:{amount}")
+    return f"invoice {invoice} paid ({amount})"
+
+
+finance = Agent(
+    name="finance",
+    instructions="You pay invoices.",
+    tools=[pay_invoice, delete_user, lookup],
+    # delete_user has no route of its own: the agent's approvers decide it, in the thread.
+    approver_ids=["U0BOSS"],
+)

@@ -2,7 +2,7 @@
 import {
   h, renderBlocks, syncInert, collectValues, snapshotInputs, restoreInputs, showInputErrors, missingRequired,
 } from "./blocks.js";
-import { mrkdwn, plainText, setDirectory, setMe, timeOf, dateOf, compareTs, userName } from "./mrkdwn.js";
+import { mrkdwn, plainText, setDirectory, setMe, timeOf, dateOf, compareTs, userName, channelName } from "./mrkdwn.js";
 
 const $ = (id) => document.getElementById(id);
 const enc = encodeURIComponent;
@@ -15,6 +15,7 @@ const S = {
   es: null,
   gen: 0, // bumped on a user switch: answers to older requests are dropped
   thread: null, // ts of the open thread's root
+  channel: null, // the channel shown (its id); the main one takes messages
   loads: 0, // history/thread loads in flight; live events wait for them
   queue: [],
   dismissed: new Set(),
@@ -235,7 +236,7 @@ function dismiss(m) {
 }
 
 function upsertMessage(m) {
-  if (!m || !m.ts) return;
+  if (!m || !m.ts || m.channel !== S.channel) return;
   if (isTop(m)) {
     channel.upsert(m);
     if (S.thread === m.ts) renderThreadRoot(m);
@@ -293,16 +294,17 @@ function setHasMore(more) {
   const intro = $("channel-intro");
   intro.hidden = more;
   if (!more && S.state) {
+    const name = channelName(S.channel);
     intro.replaceChildren(
-      h("div", { class: "intro-title" }, "#" + S.state.channel.name),
-      h("div", {}, "This is the very beginning of the ", h("b", {}, "#" + S.state.channel.name), " channel."));
+      h("div", { class: "intro-title" }, "#" + name),
+      h("div", {}, "This is the very beginning of the ", h("b", {}, "#" + name), " channel."));
   }
 }
 
 function loadHistory() {
   const gen = S.gen;
   return withLoad(async () => {
-    const r = await api(`/ui/history?as=${enc(S.as)}&limit=${PAGE}`);
+    const r = await api(`/ui/history?as=${enc(S.as)}&channel=${enc(S.channel)}&limit=${PAGE}`);
     if (gen !== S.gen) return;
     channel.clear();
     for (const m of r.messages || []) channel.upsert(m);
@@ -320,7 +322,7 @@ async function loadOlder() {
   const gen = S.gen;
   try {
     await withLoad(async () => {
-      const r = await api(`/ui/history?as=${enc(S.as)}&limit=${PAGE}&before=${enc(oldest.ts)}`);
+      const r = await api(`/ui/history?as=${enc(S.as)}&channel=${enc(S.channel)}&limit=${PAGE}&before=${enc(oldest.ts)}`);
       if (gen !== S.gen) return;
       const sc = $("channel-scroll");
       const height = sc.scrollHeight;
@@ -358,7 +360,7 @@ function loadThread() {
   const gen = S.gen;
   const ts = S.thread;
   return withLoad(async () => {
-    const r = await api(`/ui/thread?as=${enc(S.as)}&ts=${enc(ts)}`);
+    const r = await api(`/ui/thread?as=${enc(S.as)}&channel=${enc(S.channel)}&ts=${enc(ts)}`);
     if (gen !== S.gen || ts !== S.thread) return;
     if (!r.root) {
       notice("error", "Could not open the thread: " + (r.error || "not found"));
@@ -516,13 +518,13 @@ function openPermalink(url) {
   } catch {
     return;
   }
-  const m = u.pathname.match(/\/archives\/[^/]+\/p(\d+)(\d{6})$/);
+  const m = u.pathname.match(/\/archives\/([^/]+)\/p(\d+)(\d{6})$/);
   if (!m) {
     window.open(url, "_blank", "noopener,noreferrer");
     return;
   }
-  showChannel();
-  openThread(u.searchParams.get("thread_ts") || `${m[1]}.${m[2]}`);
+  showChannel(m[1]);
+  openThread(u.searchParams.get("thread_ts") || `${m[2]}.${m[3]}`);
 }
 
 function showHome() {
@@ -530,7 +532,7 @@ function showHome() {
   $("channel").hidden = true;
   $("home").hidden = false;
   $("side-home").classList.add("active");
-  $("side-channel").classList.remove("active");
+  markChannel(null);
   loadHome(true);
 }
 
@@ -549,12 +551,45 @@ async function loadHome(opened = false) {
   if (gen === S.gen && S.home && seen === S.homeEvents) renderHome(r.view);
 }
 
-function showChannel() {
+// Show a channel (``id``; the one shown when omitted); another channel is loaded, its open
+// thread closed.
+function showChannel(id = S.channel) {
   S.home = false;
   $("home").hidden = true;
   $("channel").hidden = false;
   $("side-home").classList.remove("active");
-  $("side-channel").classList.add("active");
+  if (id !== S.channel && S.state.channels.some((c) => c.id === id)) {
+    closeThread();
+    S.channel = id;
+    channel.clear();
+    nameChannel();
+    setUrl();
+    loadHistory();
+  }
+  markChannel(S.channel);
+}
+
+function markChannel(id) {
+  for (const a of document.querySelectorAll("#side-channels .side-channel")) {
+    const on = a.dataset.channel === id;
+    a.classList.toggle("active", on);
+    if (on) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+}
+
+// The shown channel's name in the headers; people type in the main channel only.
+function nameChannel() {
+  const st = S.state;
+  const name = channelName(S.channel);
+  const main = S.channel === st.channel.id;
+  document.title = `#${name} · ${st.team.name} (playground)`;
+  $("channel-name").textContent = name;
+  $("thread-channel").textContent = name;
+  $("composer").placeholder = main ? `Message #${name}` : `Only #${st.channel.name} takes messages in the playground`;
+  $("composer").disabled = !main;
+  $("thread-composer").disabled = !main;
+  $("thread-composer").placeholder = main ? "Reply…" : "Replies go to threads in #" + st.channel.name;
 }
 
 // ----------------------------------------------------------------------------- live events
@@ -683,6 +718,8 @@ function setupComposer(ta, hint, error, sendBtn, threadTs) {
 function setUrl() {
   const u = new URL(window.location.href);
   u.searchParams.set("as", S.as);
+  if (S.state && S.channel !== S.state.channel.id) u.searchParams.set("channel", S.channel);
+  else u.searchParams.delete("channel");
   if (S.thread) u.searchParams.set("thread", S.thread);
   else u.searchParams.delete("thread");
   window.history.replaceState(null, "", u);
@@ -710,12 +747,17 @@ function switchUser(id) {
 }
 
 function fillSidebar(st, refillComposerHint) {
-  document.title = `#${st.channel.name} · ${st.team.name} (playground)`;
   $("workspace-name").textContent = st.team.name;
   $("side-channel-name").textContent = st.channel.name;
-  $("channel-name").textContent = st.channel.name;
-  $("thread-channel").textContent = st.channel.name;
-  $("composer").placeholder = `Message #${st.channel.name}`;
+  $("side-channel").dataset.channel = st.channel.id;
+  for (const c of st.channels || []) {
+    if (c.id === st.channel.id) continue;
+    $("side-channels").append(h("a", {
+      class: "side-channel", href: "#", id: `side-channel-${c.id}`, "data-channel": c.id,
+      onclick: (ev) => { ev.preventDefault(); showChannel(c.id); chScroll.toBottom(); },
+    }, h("span", { class: "hash" }, "#"), h("span", {}, c.name)));
+  }
+  nameChannel();
   $("channel-sub").textContent = `${st.users.length} people and the ${st.bot.name} app`;
   const sel = $("as");
   sel.replaceChildren(...st.users.map((u) => h("option", { value: u.id }, u.title ? `${u.name} — ${u.title}` : u.name)));
@@ -765,7 +807,9 @@ async function start() {
     setTimeout(start, 3000);
     return;
   }
+  st.channels = st.channels || [st.channel];
   S.state = st;
+  S.channel = st.channel.id;
   setDirectory(st);
   channel = new MessageList($("messages"), "channel");
   replies = new MessageList($("thread-replies"), "thread");
@@ -790,8 +834,15 @@ async function start() {
   $("thread-close").addEventListener("click", closeThread);
   $("side-channel").addEventListener("click", (ev) => {
     ev.preventDefault();
-    showChannel();
+    showChannel(st.channel.id);
     chScroll.toBottom();
+  });
+  // A link to a message of this workspace (a card's "this task's thread") opens it here.
+  document.addEventListener("click", (ev) => {
+    const a = ev.target instanceof Element ? ev.target.closest("a[href]") : null;
+    if (!a || !/\/archives\/[^/]+\/p\d+$/.test(new URL(a.href).pathname)) return;
+    ev.preventDefault();
+    openPermalink(a.href);
   });
   $("side-home").addEventListener("click", (ev) => {
     ev.preventDefault();
@@ -805,6 +856,12 @@ async function start() {
     closeView([...S.modals.values()].at(-1));
   });
 
+  const shown = new URL(window.location.href).searchParams.get("channel");
+  if (shown && st.channels.some((c) => c.id === shown) && shown !== S.channel) {
+    S.channel = shown;
+    nameChannel();
+  }
+  markChannel(S.channel);
   const thread = new URL(window.location.href).searchParams.get("thread");
   if (thread) {
     S.thread = thread;

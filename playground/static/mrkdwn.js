@@ -20,10 +20,11 @@ const EMOJI = {
 // Who and what the ids in <@U…>, <#C…>, <!subteam^S…> name; filled from /ui/state.
 const dir = { users: new Map(), channels: new Map(), groups: new Map(), me: null };
 
-export function setDirectory({ users = [], bot = null, channel = null, usergroups = [], me = null }) {
+export function setDirectory({ users = [], bot = null, channel = null, channels = [], usergroups = [], me = null }) {
   dir.users = new Map(users.map((u) => [u.id, u.name]));
   if (bot) dir.users.set(bot.id, bot.name);
   dir.channels = new Map(channel ? [[channel.id, channel.name]] : []);
+  for (const c of channels) dir.channels.set(c.id, c.name);
   dir.groups = new Map(usergroups.map((g) => [g.id, g.handle]));
   dir.me = me;
 }

@@ -373,4 +373,4 @@ async def test_the_playground_accepts_the_assistant_methods(redis: Redis) -> Non
         "error"
     ] == "channel_not_found"
     groups = (await answer("usergroups.list"))["usergroups"]
-    assert {g["handle"] for g in groups} == {"oncall"}
+    assert {g["handle"] for g in groups} == {"oncall", "finance"}

@@ -67,6 +67,38 @@ async def test_slack_errors(api: AsyncWebClient, fake_slack: FakeSlack) -> None:
     assert err.value.response["error"] == "not_in_channel"
 
 
+async def test_channel_membership_is_answered_as_slack_does(
+    api: AsyncWebClient, fake_slack: FakeSlack
+) -> None:
+    """chat.postMessage's documented errors for a channel the app cannot post in: a public
+    channel it is not in (``not_in_channel``), a private one (``channel_not_found``, as if it
+    did not exist), an archived one (``is_archived``, for updates too, while reading works)."""
+    kept = await api.chat_postMessage(channel="C0ARCH", text="before")
+
+    async def error(**kwargs: object) -> str:
+        with pytest.raises(SlackApiError) as err:
+            await api.chat_postMessage(text="x", **kwargs)  # type: ignore[arg-type]
+        return str(err.value.response["error"])
+
+    fake_slack.remove_bot("C0PUB")
+    fake_slack.remove_bot("G0PRIV", private=True)
+    fake_slack.archive_channel("C0ARCH")
+    assert await error(channel="C0PUB") == "not_in_channel"
+    assert await error(channel="G0PRIV") == "channel_not_found"
+    assert await error(channel="C0ARCH") == "is_archived"
+    for channel, expected in (("C0PUB", "not_in_channel"), ("G0PRIV", "channel_not_found")):
+        with pytest.raises(SlackApiError) as err:
+            await api.conversations_history(channel=channel)
+        assert err.value.response["error"] == expected
+    with pytest.raises(SlackApiError) as err:
+        await api.chat_update(channel="C0ARCH", ts=kept["ts"], text="after")
+    assert err.value.response["error"] == "is_archived"
+    history = await api.conversations_history(channel="C0ARCH")
+    assert [m["text"] for m in history["messages"]] == ["before"]
+    fake_slack.invite_bot("C0PUB")
+    assert (await api.chat_postMessage(channel="C0PUB", text="joined"))["ok"]
+
+
 async def test_a_held_answer_comes_after_the_message_is_posted(
     api: AsyncWebClient, fake_slack: FakeSlack
 ) -> None:

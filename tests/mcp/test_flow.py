@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agent_core import Agent, Decision, RunStatus
 from agent_core.testing import FakeOpenAI, call, calls, reply, tool_messages
 from agent_mcp import MCPServerHTTP, MCPServerSSE
@@ -213,3 +215,35 @@ async def test_a_call_past_the_timeout_is_a_tool_error_and_the_session_goes_on(
         "within 0.5 s; the call was cancelled, but it may have taken effect on the server",
         "items: value of k",
     ]
+
+
+async def test_a_servers_route_is_recorded_in_the_gates_of_its_tools(
+    run_agent: RunAgent, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """``approvers``/``approval_channel`` on a server route its tools' gates (as on a tool)."""
+    items = stdio_items(
+        "items",
+        journal,
+        requires_approval=["delete_item"],
+        approvers=["S0SRE", "U0LEAD"],
+        approval_channel="C0SRE",
+    )
+    h = await run_agent(Agent(name="ops", instructions="Manage items.", toolsets=[items]))
+    fake_openai.script("delete 8", [call("delete_item", {"item_id": "8"}), reply("gone")])
+    run = await h.gateway.start_run("delete 8", requested_by="U1")
+    [opened] = await h.opened_gates(run.run_id, 1)
+    assert opened.data["approvers"] == ["S0SRE", "U0LEAD"]
+    assert opened.data["approval_channel"] == "C0SRE"
+    gate = await h.gateway.get_gate(opened.data["gate_id"])
+    assert gate is not None and (gate.approvers, gate.approval_channel) == (
+        ["S0SRE", "U0LEAD"],
+        "C0SRE",
+    )
+
+
+def test_a_bad_route_on_a_server_is_one_clear_error(journal: Path) -> None:
+    with pytest.raises(ValueError) as err:
+        stdio_items("items", journal, approval_channel="#sre")
+    assert str(err.value) == (
+        "MCP server 'items': approval_channel must be a channel ID like C0123ABCD (not a #name)"
+    )

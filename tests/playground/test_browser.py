@@ -406,3 +406,53 @@ fetch({json.dumps(send_url)}, {{method: "POST", mode: "no-cors",
     answer = thread.locator("#thread-replies .msg", has_text="Answer")
     await expect(answer).to_contain_text("User 43:", timeout=SLOW)
     await expect(page.locator("#messages .msg", has_text=task)).to_have_count(0)
+
+
+async def test_an_approval_in_the_approval_channel(
+    page: Page, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A tool routed to #finance-approvals (APPROVAL_ROUTES): its card is there, with a link to
+    the task's thread, which holds one line that follows the decision; only @finance decides."""
+    routes = json.dumps(
+        {"send_email": {"channel": people.FINANCE_CHANNEL_ID, "approvers": people.FINANCE_GROUP}}
+    )
+    pg = start_playground(redis_server.url, tmp_path, APPROVAL_ROUTES=routes)
+    try:
+        await open_as(page, pg, people.REQUESTER)
+        thread = await start_task(page, "email alan@partner.org about Launch: hello")
+        line = thread.locator("#thread-replies .msg", has_text="send_email")
+        await expect(line).to_contain_text(
+            "waiting for approval in #finance-approvals", timeout=SLOW
+        )
+        await expect(line.get_by_role("button", name="Approve")).to_have_count(0)
+
+        # Avery is in APPROVERS, not in @finance: the card in the channel refuses them.
+        await switch(page, people.APPROVER)
+        await page.click(f"#side-channel-{people.FINANCE_CHANNEL_ID}")
+        await expect(page.locator("#channel-name")).to_have_text("finance-approvals")
+        gate = page.locator("#messages .msg", has_text="Arguments").filter(has_text="send_email")
+        await expect(gate).to_be_visible(timeout=SLOW)
+        await expect(gate).to_contain_text("Asked in this task's thread")
+        await gate.get_by_role("button", name="Approve").click()
+        refused = page.locator("#messages .msg.ephemeral")
+        await expect(refused).to_contain_text("Only the approvers of send_email", timeout=SLOW)
+        await expect(gate).to_contain_text("Waiting for a decision")
+
+        # Sam, of @finance, approves in the channel.
+        await switch(page, people.ON_CALL)
+        gate = page.locator("#messages .msg", has_text="Arguments").filter(has_text="send_email")
+        await expect(gate).to_be_visible(timeout=SLOW)
+        await gate.get_by_role("button", name="Approve").click()
+        await expect(gate).to_contain_text("Approved by @Sam", timeout=SLOW)
+        await shot(page, "approval-channel-card")
+
+        # The card's link opens the task's thread, whose line tells the outcome.
+        await gate.get_by_role("link", name="this task's thread").click()
+        await expect(page.locator("#channel-name")).to_have_text("general")
+        line = page.locator("#thread-replies .msg", has_text="send_email")
+        await expect(line).to_contain_text("approved by @Sam in #finance-approvals", timeout=SLOW)
+        answer = page.locator("#thread-replies .msg", has_text="Answer")
+        await expect(answer).to_be_visible(timeout=SLOW)
+        await shot(page, "approval-channel-thread")
+    finally:
+        pg.stop()

@@ -163,6 +163,9 @@ class FakeSlack(ThreadedServer):
             self.workspace.people.clear()
             self.workspace.usergroups.clear()
             self.workspace.unreachable.clear()
+            self.workspace.bot_not_in.clear()
+            self.workspace.private.clear()
+            self.workspace.archived.clear()
 
     def fail_next(
         self,
@@ -240,6 +243,22 @@ class FakeSlack(ThreadedServer):
     def block_channel(self, channel: str, error: str = "not_in_channel") -> None:
         """Make posting to ``channel`` fail like a channel the bot is not in."""
         self.workspace.unreachable[channel] = error
+
+    def remove_bot(self, channel: str, *, private: bool = False) -> None:
+        """The app's bot is not a member of ``channel`` (until :meth:`reset` or
+        :meth:`invite_bot`): posting or reading there answers ``not_in_channel``, or for a
+        ``private`` channel ``channel_not_found``, as Slack does."""
+        self.workspace.bot_not_in.add(channel)
+        if private:
+            self.workspace.private.add(channel)
+
+    def invite_bot(self, channel: str) -> None:
+        """The app's bot joins ``channel`` (``/invite @app``)."""
+        self.workspace.bot_not_in.discard(channel)
+
+    def archive_channel(self, channel: str) -> None:
+        """``channel`` is archived: posts and updates there answer ``is_archived``."""
+        self.workspace.archived.add(channel)
 
     # ------------------------------------------------------------------ records
     @property
