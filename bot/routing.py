@@ -75,13 +75,14 @@ async def show_routed(
             note_slot, note_rec, note, lambda: note, origin_channel, thread_ts, held=held
         )
 
-    if rec.route_error:  # refused by the channel: the card lives in the thread
-        card, smaller = _cards(
-            gate, rec, route_cards.fallback_line(gate.approval_channel, rec.route_error)
-        )
+    async def in_thread(line: str) -> None:
+        card, smaller = _cards(gate, rec, line)
         await pub._show(
             slot, rec, card, smaller, origin_channel, thread_ts, shown=gate.status.value, held=held
         )
+
+    if rec.route_error:  # refused by the channel: the card lives in the thread
+        await in_thread(route_cards.fallback_line(gate.approval_channel, rec.route_error))
         return
     link = rec.thread_link
     if not rec.ts and link is None:
@@ -92,17 +93,9 @@ async def show_routed(
     if rec.ts:
         # The line first: once the card shows an outcome, the notifier leaves both alone.
         await show_note()
-        await pub._show(
-            slot,
-            rec,
-            card,
-            smaller,
-            gate.approval_channel,
-            None,
-            shown=gate.status.value,
-            held=held,
-        )
-        return
+    # A first post may be refused by the channel (the bot is not in it, it is archived...);
+    # an update of a posted card is not (its failure is the card's, handled by _show).
+    refused = frozenset() if rec.ts else frozenset(route_cards.ROUTE_ERRORS)
     try:
         await pub._show(
             slot,
@@ -113,7 +106,7 @@ async def show_routed(
             None,
             shown=gate.status.value,
             held=held,
-            refused=frozenset(route_cards.ROUTE_ERRORS),
+            refused=refused,
         )
     except ChannelRefused as exc:
         log.warning(
@@ -123,13 +116,10 @@ async def show_routed(
             exc.error,
         )
         await store.set_card_fields(gate.gate_id, {"route_error": exc.error})
-        line = route_cards.fallback_line(gate.approval_channel, exc.error)
-        card, smaller = _cards(gate, rec, line)
-        await pub._show(
-            slot, rec, card, smaller, origin_channel, thread_ts, shown=gate.status.value, held=held
-        )
+        await in_thread(route_cards.fallback_line(gate.approval_channel, exc.error))
         return
-    await show_note()
+    if not rec.ts:
+        await show_note()
 
 
 async def turn_place(

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from agent_core import Agent, ApprovalRequest, Verdict, approve, approver, ask, deny, tool
-from agent_core.testing import Step, call, reply
+from agent_core.testing import Step, call, reply, tool_messages
 
 
 def journal(line: str) -> None:
@@ -31,6 +32,15 @@ def read_journal(path: str) -> list[str]:
             return [line.rstrip("\n") for line in f]
     except FileNotFoundError:
         return []
+
+
+def told_exactly(text: str) -> Callable[[list[dict[str, Any]]], None]:
+    """A model step's ``expect``: the last tool message the model reads is ``text``."""
+
+    def check(messages: list[dict[str, Any]]) -> None:
+        assert tool_messages(messages)[-1]["content"] == text
+
+    return check
 
 
 @tool
@@ -301,6 +311,8 @@ def quorum_model(messages: list[dict[str, Any]]) -> Step:
     if last.get("role") == "tool":
         return reply(str(last.get("content")))
     return call("wire", {"amount": 500})
+
+
 # --- approval channels: routes of tools and agents (agent_core.routes) ----------------------
 FINANCE_CHANNEL = "C0FINANCE"
 FINANCE_GROUP = "S0FINANCE"

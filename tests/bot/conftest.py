@@ -8,16 +8,20 @@ core's, in-process, against the fake OpenAI server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from agent_core import Gate, Gateway, Keys, Run, Settings
+from agent_core import Agent, Gate, Gateway, Keys, Run, Settings
+from agent_core.examples.billing import agent as billing
 from agent_core.testing import FakeOpenAI
+from agent_core.worker import Worker
 from bot.server import BotServer
 from bot.settings import BotSettings, load_settings
 from tests.agents import ops
@@ -238,6 +242,9 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
+Workers = Callable[..., Worker]
+
+
 @pytest.fixture
 async def make_bot(
     redis: Redis, fake_slack: FakeSlack
@@ -258,6 +265,59 @@ async def make_bot(
 @pytest.fixture
 async def bot(make_bot: Callable[..., Awaitable[BotHarness]]) -> BotHarness:
     return await make_bot()
+
+
+@pytest.fixture
+async def workers(
+    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
+) -> AsyncIterator[Workers]:
+    """``workers(agents, **settings)``: a Worker task of this loop, stopped at teardown."""
+    client = AsyncOpenAI(api_key="sk-test-not-a-secret", base_url=fake_openai.base_url)
+    running: list[tuple[Worker, asyncio.Task[None]]] = []
+
+    def start(agents: Sequence[Agent], **overrides: Any) -> Worker:
+        w = Worker(
+            redis, list(agents), client, core_settings(redis_url, fake_openai.base_url, **overrides)
+        )
+        running.append((w, asyncio.create_task(w.run())))
+        return w
+
+    yield start
+    for w, _ in running:
+        w.stop()
+    for _, t in running:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(t, 10)
+    await client.close()
+
+
+@pytest.fixture
+async def make_multi(
+    redis: Redis, fake_slack: FakeSlack
+) -> AsyncIterator[Callable[..., Awaitable[BotHarness]]]:
+    """``await make_multi(agents=[ops, billing], **server_kwargs)``: a started bot whose
+    ``/agent`` picks among ``agents``."""
+    made: list[BotHarness] = []
+
+    async def make(agents: Sequence[Agent] = (ops, billing), **kwargs: Any) -> BotHarness:
+        h = BotHarness(redis, fake_slack, bot_settings(fake_slack))
+        h.server = BotServer(
+            h.settings,
+            redis,
+            h.gateway,
+            host="127.0.0.1",
+            port=0,
+            notifier_consumer="web-test",
+            notifier_block_ms=100,
+            agents=agents,
+            **kwargs,
+        )
+        made.append(h)
+        return await h.start()
+
+    yield make
+    for h in reversed(made):
+        await h.close()
 
 
 @pytest.fixture

@@ -4,22 +4,17 @@ and Home. The bot, a worker, Redis, the fake Slack and the fake model all run fo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from openai import AsyncOpenAI
-from redis.asyncio import Redis
 
 from agent_core import GateStatus, RunStatus
-from agent_core.testing import FakeOpenAI, call, calls, reply, tool_messages
-from agent_core.worker import Worker
+from agent_core.testing import FakeOpenAI, call, calls, reply
 from bot import cards
-from bot.server import BotServer
-from tests.agents import quorum
+from tests.agents import quorum, told_exactly
 from tests.bot.conftest import (
     APPROVER,
     APPROVER2,
@@ -27,8 +22,8 @@ from tests.bot.conftest import (
     GROUP_MEMBER,
     REQUESTER,
     BotHarness,
+    Workers,
     bot_settings,
-    core_settings,
     journal_lines,
     wait_until,
 )
@@ -40,40 +35,10 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-async def qbot(
-    redis: Redis, redis_url: str, fake_slack: FakeSlack, fake_openai: FakeOpenAI, journal: Path
-) -> AsyncIterator[BotHarness]:
+async def qbot(make_multi: Callable[..., Awaitable[BotHarness]], workers: Workers) -> BotHarness:
     """The bot serving the ``quorum`` agent, and a worker running it."""
-    h = BotHarness(redis, fake_slack, bot_settings(fake_slack))
-    h.server = BotServer(
-        h.settings,
-        redis,
-        h.gateway,
-        host="127.0.0.1",
-        port=0,
-        notifier_consumer="web-test",
-        notifier_block_ms=100,
-        agents=[quorum],
-    )
-    await h.start()
-    client = AsyncOpenAI(api_key="sk-test-not-a-secret", base_url=fake_openai.base_url)
-    w = Worker(redis, [quorum], client, core_settings(redis_url, fake_openai.base_url))
-    task = asyncio.create_task(w.run())
-    try:
-        yield h
-    finally:
-        w.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)
-        await client.close()
-        await h.close()
-
-
-def told_exactly(text: str) -> Callable[[list[dict[str, Any]]], None]:
-    def check(messages: list[dict[str, Any]]) -> None:
-        assert tool_messages(messages)[-1]["content"] == text
-
-    return check
+    workers([quorum])
+    return await make_multi(agents=[quorum])
 
 
 async def click(

@@ -4,7 +4,7 @@ step once (two sweepers at once, a worker restarted), never after a decision."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 
 import pytest
@@ -148,97 +148,94 @@ def test_a_step_that_could_never_fire_stops_the_worker_at_start(
 
 
 # --- the sweeper ------------------------------------------------------------------------
-async def test_each_step_fires_once_with_two_sweepers(
-    redis: Redis, redis_url: str, fake_openai: FakeOpenAI
-) -> None:
+@pytest.fixture
+async def nh(redis: Redis, redis_url: str, fake_openai: FakeOpenAI) -> AsyncIterator[Harness]:
+    """A harness with short steps (0.4 s reminder, 0.8 s escalation); its workers are the
+    test's to start."""
     h = Harness(redis, nudge_settings(redis_url, fake_openai.base_url), dba)
+    yield h
+    await h.close()
+
+
+async def test_each_step_fires_once_with_two_sweepers(
+    nh: Harness, redis: Redis, fake_openai: FakeOpenAI
+) -> None:
+    h = nh
     h.start_worker()
     h.start_worker()  # two sweepers at once
-    try:
-        gate = await open_gate(h, fake_openai, "drop")
-        assert gate.remind_at == pytest.approx(gate.created_at + 0.4, abs=1e-3)
-        assert gate.escalate_at == pytest.approx(gate.created_at + 0.8, abs=1e-3)
-        assert gate.escalate_to == ["S0LEADS", "U0BOSS"]
-        assert gate.extra_approvers() == []  # not escalated yet
-        assert sorted(await entries(redis, h, gate)) == [
-            f"escalate:{gate.gate_id}",
-            f"remind:{gate.gate_id}",
-        ]
-        reminded = await h.wait_event(gate.run_id, "gate.reminded")
-        escalated = await h.wait_event(gate.run_id, "gate.escalated")
-        await asyncio.sleep(0.3)  # both sweepers had further passes
-        await h.events()
-        assert nudge_events(h, gate.gate_id) == ["gate.opened", "gate.reminded", "gate.escalated"]
-        assert reminded.data["step"] == "remind" and reminded.data["origin"]["channel"] == "C1"
-        assert escalated.data["escalate_to"] == ["S0LEADS", "U0BOSS"]
-        after = await h.gateway.get_gate(gate.gate_id)
-        assert after is not None and after.status.value == "pending"
-        assert after.reminded_at == pytest.approx(reminded.data["at"])
-        assert after.reminded_at is not None and after.reminded_at >= gate.remind_at  # type: ignore[operator]
-        assert after.escalated_at == pytest.approx(escalated.data["at"])
-        assert after.extra_approvers() == ["S0LEADS", "U0BOSS"]
-        assert await entries(redis, h, gate) == []
-    finally:
-        await h.close()
+    gate = await open_gate(h, fake_openai, "drop")
+    assert gate.remind_at == pytest.approx(gate.created_at + 0.4, abs=1e-3)
+    assert gate.escalate_at == pytest.approx(gate.created_at + 0.8, abs=1e-3)
+    assert gate.escalate_to == ["S0LEADS", "U0BOSS"]
+    assert gate.extra_approvers() == []  # not escalated yet
+    assert sorted(await entries(redis, h, gate)) == [
+        f"escalate:{gate.gate_id}",
+        f"remind:{gate.gate_id}",
+    ]
+    reminded = await h.wait_event(gate.run_id, "gate.reminded")
+    escalated = await h.wait_event(gate.run_id, "gate.escalated")
+    await asyncio.sleep(0.3)  # both sweepers had further passes
+    await h.events()
+    assert nudge_events(h, gate.gate_id) == ["gate.opened", "gate.reminded", "gate.escalated"]
+    assert reminded.data["step"] == "remind" and reminded.data["origin"]["channel"] == "C1"
+    assert escalated.data["escalate_to"] == ["S0LEADS", "U0BOSS"]
+    after = await h.gateway.get_gate(gate.gate_id)
+    assert after is not None and after.status.value == "pending"
+    assert after.reminded_at == pytest.approx(reminded.data["at"])
+    assert after.reminded_at is not None and after.reminded_at >= gate.remind_at  # type: ignore[operator]
+    assert after.escalated_at == pytest.approx(escalated.data["at"])
+    assert after.extra_approvers() == ["S0LEADS", "U0BOSS"]
+    assert await entries(redis, h, gate) == []
 
 
 async def test_a_worker_restart_loses_no_step(
-    redis: Redis, redis_url: str, fake_openai: FakeOpenAI
+    nh: Harness, redis: Redis, fake_openai: FakeOpenAI
 ) -> None:
-    h = Harness(redis, nudge_settings(redis_url, fake_openai.base_url), dba)
+    h = nh
     first = h.start_worker()
-    try:
-        gate = await open_gate(h, fake_openai, "restart me")
-        first.stop()
-        await asyncio.wait_for(h.workers[0][1], 10)  # stopped before either step was due
-        await asyncio.sleep(1.0)  # both are past due: nobody swept
-        await h.events()
-        assert nudge_events(h, gate.gate_id) == ["gate.opened"]
-        h.start_worker()  # a new worker finds them in Redis
-        await h.wait_event(gate.run_id, "gate.escalated")
-        await asyncio.sleep(0.2)
-        await h.events()
-        assert nudge_events(h, gate.gate_id) == ["gate.opened", "gate.reminded", "gate.escalated"]
-    finally:
-        await h.close()
+    gate = await open_gate(h, fake_openai, "restart me")
+    first.stop()
+    await asyncio.wait_for(h.workers[0][1], 10)  # stopped before either step was due
+    await asyncio.sleep(1.0)  # both are past due: nobody swept
+    await h.events()
+    assert nudge_events(h, gate.gate_id) == ["gate.opened"]
+    h.start_worker()  # a new worker finds them in Redis
+    await h.wait_event(gate.run_id, "gate.escalated")
+    await asyncio.sleep(0.2)
+    await h.events()
+    assert nudge_events(h, gate.gate_id) == ["gate.opened", "gate.reminded", "gate.escalated"]
 
 
 async def test_nothing_fires_after_a_decision(
-    redis: Redis, redis_url: str, fake_openai: FakeOpenAI
+    nh: Harness, redis: Redis, fake_openai: FakeOpenAI
 ) -> None:
-    h = Harness(redis, nudge_settings(redis_url, fake_openai.base_url), dba)
+    h = nh
     h.start_worker()
-    try:
-        gate = await open_gate(h, fake_openai, "decide first")
-        res = await h.gateway.decide(gate.gate_id, "approve", by="U2")
-        assert res.applied
-        assert await entries(redis, h, gate) == []  # DECIDE_GATE removed both steps
-        await h.wait_finished(gate.run_id)
-        await asyncio.sleep(1.0)  # past both steps
-        await h.events()
-        assert nudge_events(h, gate.gate_id) == ["gate.opened", "gate.decided"]
-        after = await h.gateway.get_gate(gate.gate_id)
-        assert after is not None and after.reminded_at is None and after.escalated_at is None
-        assert after.extra_approvers() == []
-    finally:
-        await h.close()
+    gate = await open_gate(h, fake_openai, "decide first")
+    res = await h.gateway.decide(gate.gate_id, "approve", by="U2")
+    assert res.applied
+    assert await entries(redis, h, gate) == []  # DECIDE_GATE removed both steps
+    await h.wait_finished(gate.run_id)
+    await asyncio.sleep(1.0)  # past both steps
+    await h.events()
+    assert nudge_events(h, gate.gate_id) == ["gate.opened", "gate.decided"]
+    after = await h.gateway.get_gate(gate.gate_id)
+    assert after is not None and after.reminded_at is None and after.escalated_at is None
+    assert after.extra_approvers() == []
 
 
 async def test_the_sweeper_wakes_for_the_nearest_step(
-    redis: Redis, redis_url: str, fake_openai: FakeOpenAI
+    nh: Harness, redis: Redis, fake_openai: FakeOpenAI
 ) -> None:
-    h = Harness(redis, nudge_settings(redis_url, fake_openai.base_url), dba)
+    h = nh
     worker = h.start_worker()
-    try:
-        gate = await open_gate(h, fake_openai, "wake")
-        _moved, more, next_in = await worker._sweep_once()
-        sec, usec = await redis.time()
-        assert not more
-        assert next_in is not None and gate.remind_at is not None
-        # The reminder, not the expiry 30 s away, sets the next wake-up.
-        assert next_in == pytest.approx(gate.remind_at - (sec + usec / 1e6), abs=0.05)
-    finally:
-        await h.close()
+    gate = await open_gate(h, fake_openai, "wake")
+    _moved, more, next_in = await worker._sweep_once()
+    sec, usec = await redis.time()
+    assert not more
+    assert next_in is not None and gate.remind_at is not None
+    # The reminder, not the expiry 30 s away, sets the next wake-up.
+    assert next_in == pytest.approx(gate.remind_at - (sec + usec / 1e6), abs=0.05)
 
 
 # --- FIRE_NUDGE ---------------------------------------------------------------------------

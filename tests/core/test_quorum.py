@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from agent_core import Agent, Decision, GateStatus, RunStatus, Tool, ToolDefinitionError, tool
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
-from tests.agents import quorum, quorum_two_rules, read_journal
+from tests.agents import quorum, quorum_two_rules, read_journal, told_exactly
 from tests.conftest import RedisServerFactory
 from tests.core.conftest import core_settings
 from tests.core.harness import Harness
@@ -23,13 +23,6 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture
 async def h(agent_harness: Callable[[Agent], Harness]) -> Harness:
     return agent_harness(quorum)
-
-
-def told_exactly(text: str) -> Callable[[list[dict[str, Any]]], None]:
-    def check(messages: list[dict[str, Any]]) -> None:
-        assert tool_messages(messages)[-1]["content"] == text
-
-    return check
 
 
 async def _open(h: Harness, fake_openai: FakeOpenAI, task: str, *steps: Any) -> tuple[str, str]:
