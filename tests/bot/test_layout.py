@@ -95,8 +95,13 @@ async def test_an_old_layout_deployment_is_upgraded_and_its_posted_card_still_de
         notifier_block_ms=100,
     )
     await old.start()
+    # A long approval timeout: the migration's subprocesses below may take many seconds on a
+    # loaded machine, and the gate must still be pending when the old card is clicked.
     worker, openai = old_worker(
-        redis, ops, core_settings(redis_url, fake_openai.base_url), monkeypatch
+        redis,
+        ops,
+        core_settings(redis_url, fake_openai.base_url, APPROVAL_TIMEOUT=600),
+        monkeypatch,
     )
     working = asyncio.create_task(worker.run())
     try:

@@ -123,13 +123,16 @@ async def test_worker_killed_mid_model_call_is_picked_up_by_another(
     fake_openai.fail_next(1, status=503, retry_after=30)  # the first worker sits in a retry wait
     first = spawn(redis_url)
     run = await observer.gateway.start_run("kill start", requested_by="U1")
-    for _ in range(500):
+    # A loaded machine may take seconds to start a process: wait for the first worker to be
+    # in its retry wait, however long that takes, before killing it.
+    for _ in range(3000):
         if fake_openai.failures_served:
             break
         await asyncio.sleep(0.01)
+    assert fake_openai.failures_served, "the first worker never called the model"
     first.kill()
     spawn(redis_url)
-    done = await observer.wait_finished(run.run_id, timeout=20)
+    done = await observer.wait_finished(run.run_id, timeout=45)
     assert (done.status, done.final) == (RunStatus.COMPLETED, "hello")
 
 
