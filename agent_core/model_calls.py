@@ -9,11 +9,11 @@ import logging
 from typing import Any
 
 import openai
-from openai import AsyncOpenAI
 
 from . import retries
 from .completions import Completion, ModelResponseError, parse_completion, parse_text_body
 from .exceptions import LeaseLost
+from .model_http import ModelEndpoint
 
 log = logging.getLogger("agent_core.runner")
 
@@ -25,7 +25,7 @@ def _error_kind(exc: openai.APIError) -> str:
 
 
 async def complete(
-    client: AsyncOpenAI,
+    endpoint: ModelEndpoint,
     request: bytes,
     run_id: str = "",
     lost: asyncio.Event | None = None,
@@ -46,9 +46,9 @@ async def complete(
         try:
             # Not chat.completions.create(): its parameter transform walks every message
             # in Python (~160 ms of event-loop time at 1,000 messages, measured); the
-            # history is already plain JSON. The body is read as plain JSON and checked
-            # here: a 200 is not always a completion.
-            body = await _post_unless_lost(client, request, run_id, lost)
+            # history is already plain JSON, posted as it is (model_http). The body is read
+            # as plain JSON and checked here: a 200 is not always a completion.
+            body = await _post_unless_lost(endpoint, request, run_id, lost)
             metrics.MODEL_SECONDS.observe(loop.time() - started)
             if isinstance(body, str):
                 body = parse_text_body(body)
@@ -87,16 +87,11 @@ async def complete(
 
 
 async def _post_unless_lost(
-    client: AsyncOpenAI, request: bytes, run_id: str, lost: asyncio.Event | None
+    endpoint: ModelEndpoint, request: bytes, run_id: str, lost: asyncio.Event | None
 ) -> Any:
     """The model call, abandoned (LeaseLost) as soon as the lease is known to be lost:
     another worker owns the run, and nothing this one learns could be recorded."""
-    call = client.post(
-        "/chat/completions",
-        content=request,
-        cast_to=object,
-        options={"headers": {"Content-Type": "application/json"}},
-    )
+    call = endpoint.post(request)
     if lost is None:
         return await call
     if lost.is_set():

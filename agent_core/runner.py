@@ -34,6 +34,7 @@ from .completions import (
 from .exceptions import LeaseLost
 from .gating import args_hash
 from .keys import Keys
+from .model_http import ModelEndpoint
 from .models import Gate, GateStatus
 from .nudges import Nudges, check_agent
 from .quorum import approvals_of, approvers_told
@@ -98,6 +99,7 @@ class Runner:
         self.keys = keys
         self.agent = agent
         self.client = client
+        self.endpoint = ModelEndpoint(client)
         self.model = agent.model or model
         self.approval_timeout = agent.approval_timeout or approval_timeout
         # The settings' reminder and escalation; a step that could never fire is refused now.
@@ -317,7 +319,7 @@ class Runner:
     ) -> Completion:
         """One completion, retried as :func:`agent_core.model_calls.complete` says."""
         return await model_calls.complete(
-            self.client, request, run_id, lost, self.model_retries, self.retry_budget
+            self.endpoint, request, run_id, lost, self.model_retries, self.retry_budget
         )
 
     def _plan_calls(

@@ -164,6 +164,8 @@ class Worker:
                 opened.append(a)
             await self._serve()
         finally:
+            for r in self.runners.values():
+                await r.endpoint.aclose()
             for a in opened:
                 try:
                     await a.close()

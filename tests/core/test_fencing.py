@@ -271,6 +271,7 @@ async def test_a_worker_told_its_lease_is_lost_stops_calling_the_model(
         assert len(fake_openai.requests_for("limited")) == 1
     finally:
         fake_openai.clear_failures()
+        await runner.endpoint.aclose()
         await client.close()
 
 
