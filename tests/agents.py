@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import Any, Literal
 
 from agent_core import Agent, ApprovalRequest, Verdict, approve, approver, ask, deny, tool
 from agent_core.testing import Step, call, reply
@@ -301,6 +301,8 @@ def quorum_model(messages: list[dict[str, Any]]) -> Step:
     if last.get("role") == "tool":
         return reply(str(last.get("content")))
     return call("wire", {"amount": 500})
+
+
 # --- approval channels: routes of tools and agents (agent_core.routes) ----------------------
 FINANCE_CHANNEL = "C0FINANCE"
 FINANCE_GROUP = "S0FINANCE"
@@ -319,4 +321,54 @@ finance = Agent(
     tools=[pay_invoice, delete_user, lookup],
     # delete_user has no route of its own: the agent's approvers decide it, in the thread.
     approver_ids=["U0BOSS"],
+)
+
+
+# --- edit, then approve (agent_core.editing) ---------------------------------------------------
+@tool(requires_approval=True, editable=["amount_cents", "reason", "notify"])
+def refund_order(
+    order_id: str,
+    amount_cents: int,
+    reason: Literal["damaged", "late", "other"] = "other",
+    notify: bool = True,
+    tags: list[str] | None = None,
+) -> str:
+    """Refund part of an order (an approver may lower the amount)."""
+    journal(f"refund_order:{order_id}:{amount_cents}:{reason}:{notify}")
+    return f"refunded {amount_cents} on {order_id} ({reason})"
+
+
+@tool(requires_approval=True, editable=True, idempotent=True)
+async def resize_disk(disk: str, size_gb: int) -> str:
+    """Resize a disk (idempotent; slow when the test wants it killed while it runs)."""
+    journal(f"resize_disk:start:{disk}:{size_gb}")
+    await asyncio.sleep(float(os.environ.get("TEST_SLOW_SECONDS", "0")))
+    journal(f"resize_disk:end:{disk}:{size_gb}")
+    return f"disk {disk} is {size_gb} GB"
+
+
+@tool(requires_approval=True, editable=True, approvals=2)
+def big_wire(amount: int) -> str:
+    """A wire that needs two approvers: never editable, whatever the tool says."""
+    journal(f"big_wire:{amount}")
+    return f"wired {amount}"
+
+
+researcher = Agent(
+    name="researcher",
+    instructions="You research a task and answer in one line.",
+    tools=[lookup],
+)
+
+editing = Agent(
+    name="editing",
+    instructions="You are a test agent whose approvers may edit calls.",
+    tools=[
+        refund_order,
+        resize_disk,
+        big_wire,
+        delete_user,
+        transfer,
+        researcher.as_tool(requires_approval=True, editable=True),
+    ],
 )
