@@ -103,8 +103,12 @@ def _problem(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any]) -> 
     for key in ("anyOf", "oneOf"):
         options = schema.get(key)
         if isinstance(options, list) and options:
-            found = [_problem(value, o, root) for o in options if isinstance(o, Mapping)]
+            subs = [o for o in options if isinstance(o, Mapping)]
+            found = [_problem(value, o, root) for o in subs]
             if all(found):
+                kinds = [str(_resolve(o, root).get("type") or "") for o in subs]
+                if all(k in _JSON_TYPES and not _is_type(value, k) for k in kinds):
+                    return "must be " + " or ".join(kinds)
                 return found[0]
     for sub in schema.get("allOf") or []:
         if isinstance(sub, Mapping) and (p := _problem(value, sub, root)):

@@ -325,7 +325,7 @@ finance = Agent(
 
 
 # --- edit, then approve (agent_core.editing) ---------------------------------------------------
-@tool(requires_approval=True, editable=["amount_cents", "reason", "notify"])
+@tool(requires_approval=True, editable=["amount_cents", "reason", "notify", "tags"])
 def refund_order(
     order_id: str,
     amount_cents: int,
@@ -372,3 +372,12 @@ editing = Agent(
         researcher.as_tool(requires_approval=True, editable=True),
     ],
 )
+
+
+def editing_model(messages: list[dict[str, Any]]) -> Step:
+    """A scripted model for the ``editing`` agent (the playground's PLAYGROUND_MODEL in the
+    browser tests): it refunds 4900 on A-7, then answers with what the tool message said."""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return reply(str(last.get("content")))
+    return call("refund_order", {"order_id": "A-7", "amount_cents": 4900})

@@ -151,7 +151,12 @@ async def test_edit_and_approve_runs_the_edit_shows_the_change_and_tells_the_mod
     assert view["callback_id"] == edit_view.EDIT_CALLBACK
     assert 'Not editable: `order_id` = "A-7"' in str(view["blocks"])
     els = inputs(view)
-    assert list(els) == ["arg:amount_cents", "arg:reason", "arg:notify"]
+    assert list(els) == ["arg:amount_cents", "arg:reason", "arg:notify", "arg:tags"]
+    assert (els["arg:tags"]["type"], els["arg:tags"]["initial_value"]) == (
+        "plain_text_input",
+        "null",
+    )
+    assert els["arg:tags"]["multiline"] is True
     assert (els["arg:amount_cents"]["type"], els["arg:amount_cents"]["initial_value"]) == (
         "number_input",
         "4900",

@@ -77,7 +77,7 @@ async def test_an_edit_changes_what_runs_and_what_the_model_reads(
     )
     gate = await h.gateway.get_gate(gid)
     assert gate is not None
-    assert gate.editable == ["amount_cents", "reason", "notify"]
+    assert gate.editable == ["amount_cents", "reason", "notify", "tags"]
     assert gate.args_schema is not None and gate.args_schema["additionalProperties"] is False
     res = await approve_edited(h.gateway, gid, "U2", edited, args_hash=gate.args_hash)
     assert res.applied and res.status is GateStatus.APPROVED
@@ -258,6 +258,7 @@ def test_the_schema_check_is_strict() -> None:
     assert check_args(schema, {"n": 1, "x": True}) == {"x": "must be number"}
     assert check_args(schema, {"n": 1, "x": 1}) == {"x": "must be less than 1"}
     assert check_args(schema, {"n": 1, "s": "long"}) == {"s": "must have at most 3 characters"}
+    assert check_args(schema, {"n": 1, "s": 5}) == {"s": "must be string or null"}
     assert check_args(schema, {"n": 1, "k": "c"}) == {"k": 'must be one of "a", "b"'}
     assert check_args(schema, {"n": 1, "items": [1, "2"]}) == {"items": "item 1: must be integer"}
     assert check_args(schema, {"z": 1}) == {
