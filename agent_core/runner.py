@@ -535,7 +535,7 @@ class Runner:
         (and so the card) carries the tool's output alone.
         """
         if isinstance(t, AgentTool):
-            return await self._spawn(run, turn, call, t, fence)
+            return await self._spawn(run, turn, call, t, fence, note)
         run_id, cid = run["run_id"], call["id"]
         tkey = self.keys.turn(run_id, turn)
         # The attempt id is made once: a claim whose reply was lost, tried again, is told
@@ -634,7 +634,13 @@ class Runner:
         return claim
 
     async def _spawn(
-        self, run: dict[str, str], turn: int, call: dict[str, Any], t: AgentTool, fence: str
+        self,
+        run: dict[str, str],
+        turn: int,
+        call: dict[str, Any],
+        t: AgentTool,
+        fence: str,
+        note: str = "",
     ) -> str | None:
         """Start the sub-agent's child run for this call (once); SPAWNED, or the call's
         result when it cannot start, or None when the run stopped."""
@@ -656,6 +662,7 @@ class Runner:
             depth,
             _now(),
             fence,
+            note,
         )
         if res is SpawnOutcome.LOST:
             raise LeaseLost(run_id)

@@ -205,7 +205,14 @@ async def test_a_sub_agents_task_can_be_edited(h: Harness, fake_openai: FakeOpen
         "ask the researcher",
         [
             call("researcher", {"task": "find the CEO of Acme"}),
-            reply("done", expect=lambda m: "Ada" in tool_messages(m)[-1]["content"]),
+            reply(
+                "done",
+                expect=told_exactly(
+                    "The CFO of Acme is Ada.\n\nApproved by U2 with edited arguments: "
+                    '{"task":"find the CFO of Acme"}; the original request was '
+                    '{"task":"find the CEO of Acme"}.'
+                ),
+            ),
         ],
     )
     # Only the edited task is scripted: the original one would fail the child's model call.
