@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 Editable = bool | Sequence[str] | None
 MAX_SCHEMA_CHARS = 16_000  # a larger schema is not carried by the gate: not editable
+MAX_EDIT_BYTES = 64_000  # of the edited arguments' canonical JSON
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -197,6 +198,12 @@ def check_edit(gate: Gate, edited: Any) -> dict[str, str]:
         return {"": "a call that needs several approvals cannot be edited"}
     if not isinstance(edited, dict):
         return {"": "the arguments must be a JSON object"}
+    try:
+        size = len(canonical(edited).encode())
+    except (TypeError, ValueError):  # lone surrogates (\ud800), objects JSON cannot hold
+        return {"": "the arguments must be JSON text that is valid Unicode"}
+    if size > MAX_EDIT_BYTES:
+        return {"": f"the edited arguments are over {MAX_EDIT_BYTES:,} bytes"}
     out: dict[str, str] = {}
     for name in sorted(set(gate.args) | set(edited)):
         if name in gate.editable:

@@ -111,6 +111,11 @@ async def test_an_invalid_edit_is_refused_per_field_and_decides_nothing(
         ({**ORIGINAL, "order_id": "B-1"}, {"order_id": "cannot be edited"}),
         ({**ORIGINAL, "extra": 1}, {"extra": "cannot be edited"}),
         ({k: v for k, v in ORIGINAL.items() if k != "notify"}, {"notify": "is required"}),
+        (
+            {**ORIGINAL, "tags": ["\ud800"]},
+            {"": "the arguments must be JSON text that is valid Unicode"},
+        ),
+        ({**ORIGINAL, "tags": ["x" * 70_000]}, {"": "the edited arguments are over 64,000 bytes"}),
     ]
     for edit, errors in bad:
         with pytest.raises(InvalidEdit) as caught:
