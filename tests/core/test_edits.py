@@ -342,3 +342,41 @@ async def test_an_edited_idempotent_call_left_in_doubt_runs_the_edit_again_never
         "resize_disk:start:d2:90",
         "resize_disk:end:d2:90",
     ]
+
+
+async def test_edited_arguments_changed_after_the_decision_never_run(
+    spawn: Callable[..., WorkerProcess],
+    observer: Harness,
+    fake_openai: FakeOpenAI,
+    redis_url: str,
+    journal: Path,
+) -> None:
+    fake_openai.script(
+        "tampered",
+        [
+            call("resize_disk", {"disk": "d3", "size_gb": 500}),
+            reply(
+                "not run",
+                expect=told_exactly(
+                    "Not executed: the approver edited the arguments of this call to "
+                    "resize_disk, and the edited arguments are not valid (they do not hash to "
+                    "the approved arguments), so nothing ran."
+                ),
+            ),
+        ],
+    )
+    first = spawn(redis_url, AGENT="tests.agents:editing")
+    run = await observer.gateway.start_run("tampered", requested_by="U1", agent="editing")
+    [g] = await observer.opened_gates(run.run_id, 1)
+    first.pause()
+    gid = g.data["gate_id"]
+    res = await approve_edited(observer.gateway, gid, "U2", {"disk": "d3", "size_gb": 50})
+    assert res.applied
+    # Someone with write access to Redis changes the edit after the decision: it must not run.
+    key = observer.gateway.keys.gate(gid)
+    await observer.redis.hset(key, "edited_args", canon({"disk": "d3", "size_gb": 5000}))
+    first.kill()
+    spawn(redis_url, AGENT="tests.agents:editing")
+    done = await observer.wait_finished(run.run_id, timeout=20)
+    assert (done.status, done.final) == (RunStatus.COMPLETED, "not run")
+    assert read_journal(str(journal)) == []
