@@ -32,6 +32,7 @@ from tests.bot.conftest import (
     journal_lines,
     wait_until,
 )
+from tests.bot.test_home import home_click, home_shows, open_home
 from tests.slack_fake import FakeSlack
 
 pytestmark = pytest.mark.timeout(60)
@@ -277,3 +278,33 @@ async def test_a_tool_that_allows_no_edits_has_no_button_and_refuses_a_forged_ed
     card2 = await ebot.wait_card(g2.gate_id, "Approve")
     assert edit_view.EDIT_ACTION not in str(card2.blocks)
     assert journal_lines(journal) == []
+
+
+async def test_edit_and_approve_from_home(
+    ebot: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    fake_openai.script(
+        "refund A-11",
+        [call("refund_order", {"order_id": "A-11", "amount_cents": 4900}), reply("ok")],
+    )
+    run_id = await ebot.start_task("refund A-11")
+    gate = await ebot.gate_of(run_id)
+    await open_home(ebot, APPROVER)
+    view = await home_shows(ebot, APPROVER, "refund_order")
+    assert edit_view.EDIT_ACTION in json.dumps(view)
+    await home_click(ebot, edit_view.EDIT_ACTION, cards.button_value(gate), APPROVER, "trig-h")
+
+    def opened(f: FakeSlack) -> list[Any]:
+        return [c for c in f.calls_to("views.open") if c.args["trigger_id"] == "trig-h"]
+
+    (call_,) = await ebot.fake.wait_for(opened, what="edit modal from Home")
+    modal = call_.args["view"]
+    good = values(amount_cents=number("100"), reason=choice("damaged"), notify=YES)
+    resp = await ebot.client.view_submission(
+        edit_view.EDIT_CALLBACK, modal["private_metadata"], values=good, user_id=APPROVER
+    )
+    assert resp.status == 200 and resp.text == ""
+    done = await finished(ebot, run_id)
+    assert done.status is RunStatus.COMPLETED
+    assert journal_lines(journal) == ["refund_order:A-11:100:damaged:True"]
+    await home_shows(ebot, APPROVER, "Nothing waits for you right now.")
