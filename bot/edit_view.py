@@ -106,7 +106,11 @@ def _kind(schema: dict[str, Any]) -> str:
     choices = schema.get("enum")
     if choices is None and "const" in schema:
         choices = [schema["const"]]
-    if isinstance(choices, list) and 0 < len(choices) <= MAX_OPTIONS:
+    if (
+        isinstance(choices, list)
+        and 0 < len(choices) <= MAX_OPTIONS
+        and all(len(json.dumps(c)) <= 150 for c in choices)  # an option's value: 150 chars
+    ):
         return "select"
     kind = schema.get("type")
     return kind if kind in ("string", "integer", "number", "boolean") else "json"
