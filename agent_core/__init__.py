@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 from .agent import Agent, AgentTool
 from .approvers import ApprovalRequest, Approver, Verdict, approve, approver, ask, deny
 from .connections import create_redis
+from .editing import approve_edited
 from .events import EventConsumer
 from .exceptions import (
     ArgsHashMismatch,
@@ -12,6 +13,7 @@ from .exceptions import (
     ConfigError,
     GateNotFound,
     GatewayError,
+    InvalidEdit,
     InvalidState,
     LeaseLost,
     NotFound,
@@ -64,6 +66,7 @@ __all__ = [
     "GateStatus",
     "Gateway",
     "GatewayError",
+    "InvalidEdit",
     "InvalidState",
     "Keys",
     "LeaseLost",
@@ -81,6 +84,7 @@ __all__ = [
     "Verdict",
     "Worker",
     "approve",
+    "approve_edited",
     "approver",
     "ask",
     "create_redis",

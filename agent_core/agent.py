@@ -219,10 +219,12 @@ class Agent:
         requires_approval: bool | None = None,
         approvers: ApproverIds = None,
         approval_channel: str | None = None,
+        editable: bool | Sequence[str] | None = None,
     ) -> AgentTool:
         """This agent as a tool of another: a call runs it as a child run, whose gates are
         shown on the parent's thread and whose final answer is the call's result
-        (``approvers`` and ``approval_channel`` route the call's own gate, as for a tool)."""
+        (``approvers`` and ``approval_channel`` route the call's own gate, as for a tool;
+        ``editable=True`` lets an approver edit the task before approving)."""
         base = Tool.from_function(
             _ask_sub_agent,
             name=name or self.name,
@@ -230,6 +232,7 @@ class Agent:
             requires_approval=requires_approval,
             approvers=approvers,
             approval_channel=approval_channel,
+            editable=editable,
         )
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Tool)}
         return AgentTool(**fields, agent=self)

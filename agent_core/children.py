@@ -47,9 +47,11 @@ async def spawn(
     depth: int,
     now: str,
     fence: str,
+    note: str = "",
 ) -> SpawnOutcome:
     """Start the child run of a parent's call with SPAWN_CHILD (under the parent's lease,
-    ``fence``); the script's answer."""
+    ``fence``); the script's answer. ``note`` follows the child's answer in what the
+    parent's model reads (an edited approval's)."""
     run_id = run["run_id"]
     child_id = scripts.keys.new_run_id(scripts.keys.shard_of(run_id))
     task = str(call["args"].get("task", ""))
@@ -73,6 +75,8 @@ async def spawn(
         "parent_turn": str(turn),
         "depth": str(depth),
     }
+    if note:  # appended to its answer in the parent's call result (agent_core.editing)
+        fields["parent_note"] = note
     res = await scripts.spawn_child(
         run_id,
         turn,

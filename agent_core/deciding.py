@@ -34,8 +34,10 @@ async def apply_decision(
     run_id: str | None = None,
     groups: Sequence[str] = (),
     allow_self_approval: bool = True,
+    edit: tuple[str, str] | None = None,
 ) -> DecideResult:
-    """Run DECIDE_GATE for one gate; see :meth:`Gateway.decide`."""
+    """Run DECIDE_GATE for one gate; see :meth:`Gateway.decide` (``edit``: the edited
+    arguments' canonical JSON and hash, see :func:`agent_core.editing.approve_edited`)."""
     from .gateway import valid_gate_id, valid_run_id
 
     if not valid_gate_id(gate_id, gw.keys):
@@ -53,6 +55,7 @@ async def apply_decision(
         "seen_hash": seen_hash,
         "groups": list(groups),
         "self_ok": allow_self_approval,
+        "edit": edit,
     }
     if gw.decision_replicas > 0:
         res, replicas = await gw.scripts.decide_gate_replicated(

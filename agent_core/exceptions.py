@@ -9,6 +9,7 @@
     │   └── GateNotFound     no gate with that id (also malformed ids)
     ├── InvalidState         the run cannot do that now (e.g. cancel a finished run)
     │   ├── ArgsHashMismatch the decider saw other arguments than the gate's: nothing decided
+    │   ├── InvalidEdit      edited arguments that are not valid for the gate: nothing decided
     │   └── ChildRunSettled  a sub-agent's run its parent no longer waits for: retry the top run
     ├── LeaseLost            this worker no longer holds the run's lease: it wrote nothing
     └── ToolError
@@ -45,6 +46,16 @@ class InvalidState(GatewayError):
 
 class ArgsHashMismatch(InvalidState):
     """A decision named an arguments hash that is not the gate's; nothing was decided."""
+
+
+class InvalidEdit(InvalidState):
+    """Edited arguments that are not valid for the gate (agent_core.editing); nothing was
+    decided. ``errors`` maps each field (``""``: the arguments as a whole) to its problem."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        self.errors = dict(errors)
+        shown = "; ".join(f"{k or '(arguments)'}: {v}" for k, v in self.errors.items())
+        super().__init__(f"invalid edit: {shown}")
 
 
 class ChildRunSettled(InvalidState):

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from . import editing
 from .agent import Agent
 from .approvers import RULE_PREFIX, ApprovalRequest, consult
 from .completions import clean_text
@@ -92,6 +93,7 @@ async def open_gates(
             **t.nudges.over(agent.nudges).over(nudges).gate_fields(),
             "approvers": json.dumps(list(route.approvers)),
             "approval_channel": route.channel,
+            **editing.gate_fields(t),  # editable and args_schema, for an editable tool
         }
         event = {
             "gate_id": gid,

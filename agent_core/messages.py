@@ -47,6 +47,21 @@ def with_approval(output: str, approvals: list[tuple[str, str | None]]) -> str:
     return f"{output}\n\nApproved by {_approver(by)}: {reason.strip()}"
 
 
+def edited(by: str, edited_args: str, original: str) -> str:
+    """Appended to an edited call's output (agent_core.editing): exactly what ran."""
+    return (
+        f"\n\nApproved by {_approver(by)} with edited arguments: {edited_args}; "
+        f"the original request was {original}."
+    )
+
+
+def edit_not_run(tool: str, why: str) -> str:
+    return (
+        f"Not executed: the approver edited the arguments of this call to {tool}, and the "
+        f"edited arguments are not valid ({why}), so nothing ran."
+    )
+
+
 def _approver(by: str) -> str:
     return f"rule {by[5:]}" if by.startswith("rule:") else (by or "someone")
 

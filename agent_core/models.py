@@ -174,6 +174,14 @@ class Gate(BaseModel):
     # APPROVERS) and the channel its card goes to (empty: the task's thread).
     approvers: list[str] = Field(default_factory=list)
     approval_channel: str = ""
+    # Edit, then approve (agent_core.editing): the fields a person may edit (empty: none),
+    # the arguments' JSON schema, and once approved with edits, the arguments that run
+    # (their hash is the decided hash) and who edited them.
+    editable: list[str] = Field(default_factory=list)
+    args_schema: dict[str, Any] | None = None
+    edited_args: dict[str, Any] | None = None
+    edited_hash: str | None = None
+    edited_by: str | None = None
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Gate:
@@ -212,6 +220,11 @@ class Gate(BaseModel):
             approvals=approvals_of(h.get("approvals")),
             approvers=_str_list(h.get("approvers")),
             approval_channel=h.get("approval_channel") or "",
+            editable=_str_list(h.get("editable")),
+            args_schema=_opt_json(h.get("args_schema")),
+            edited_args=_opt_json(h.get("edited_args")),
+            edited_hash=h.get("edited_hash") or None,
+            edited_by=h.get("edited_by") or None,
         )
 
     def extra_approvers(self) -> list[str]:
@@ -255,6 +268,14 @@ class Event(BaseModel):
     data: dict[str, Any]
     # The stream it was read from (each shard has its own), for acknowledging it.
     stream: str = ""
+
+
+def _opt_json(raw: str | None) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def _str_list(raw: str | None) -> list[str]:

@@ -23,7 +23,7 @@ import openai
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from . import children, gating, messages, model_calls, provider_errors, turns
+from . import children, editing, gating, messages, model_calls, provider_errors, turns
 from .agent import Agent, AgentTool
 from .completions import (
     Completion,
@@ -37,7 +37,7 @@ from .keys import Keys
 from .model_http import ModelEndpoint
 from .models import Gate, GateStatus
 from .nudges import Nudges, check_agent
-from .quorum import approvals_of, approvers_told
+from .quorum import approvers_told
 from .routes import ApprovalRoute
 from .script_replies import (
     Began,
@@ -417,8 +417,13 @@ class Runner:
                 out = await self._execute(run, turn, call, t, None, fence)
             elif state == "claimed":
                 gate_id = call.get("gate_id")
-                approval = await self._approval(gate_id) if gate_id else None
-                out = await self._execute(run, turn, call, t, gate_id, fence, approval)
+                approval, note, problem = None, "", None
+                if gate_id:  # an edited approval runs its edited arguments, never the original
+                    call, approval, note, problem = await self._approval(gate_id, call, t)
+                if problem is not None:
+                    out = await self._settle(run, turn, call, problem, fence)
+                else:
+                    out = await self._execute(run, turn, call, t, gate_id, fence, approval, note)
             elif state == "gated":
                 gated = await self._apply_gate(run, turn, call, t, fence)
                 if gated is None:
@@ -473,12 +478,16 @@ class Runner:
         if gate.status is GateStatus.PENDING:
             return None
         if gate.status is GateStatus.APPROVED:
-            # The call runs only with the arguments whose hash the approver saw.
+            call, problem = editing.call_to_run(gate, call, t)  # the edited arguments, if any
+            if problem is not None:
+                return await self._settle(run, turn, call, problem, fence)
+            # The call runs only with the arguments whose hash the approver saw (or wrote).
             seen = gate.decided_hash or gate.args_hash
             if seen != args_hash(call["args"]):
                 return await self._settle(run, turn, call, messages.args_changed(t.name), fence)
             approval = approvers_told(gate.decided_by, gate.reason, gate.approvals)
-            return await self._execute(run, turn, call, t, gate.gate_id, fence, approval)
+            note = editing.told(gate)
+            return await self._execute(run, turn, call, t, gate.gate_id, fence, approval, note)
         if gate.status is GateStatus.DENIED:
             text = messages.denied(t.name, gate.decided_by or "someone", gate.reason)
         elif gate.status is GateStatus.EXPIRED:
@@ -487,14 +496,18 @@ class Runner:
             text = messages.cancelled(t.name, gate.decided_by or "")
         return await self._settle(run, turn, call, text, fence)
 
-    async def _approval(self, gate_id: str) -> list[tuple[str, str | None]] | None:
-        """Who approved the gate and why (None unless it was approved)."""
-        status, by, reason, approvals = await self.redis.hmget(
-            self.keys.gate(gate_id), ["status", "decided_by", "reason", "approvals"]
-        )
-        if status != GateStatus.APPROVED.value:
-            return None
-        return approvers_told(by, reason, approvals_of(approvals))
+    async def _approval(
+        self, gate_id: str, call: dict[str, Any], t: Tool
+    ) -> tuple[dict[str, Any], list[tuple[str, str | None]] | None, str, str | None]:
+        """For a claimed call: the call to run (its edited arguments, if any), who approved
+        it and why (None unless approved), the edit's note and why it cannot run (or None)."""
+        h = await self.redis.hgetall(self.keys.gate(gate_id))
+        if h.get("status") != GateStatus.APPROVED.value:
+            return call, None, "", None
+        gate = Gate.from_hash(h)
+        call, problem = editing.call_to_run(gate, call, t)
+        approval = approvers_told(gate.decided_by, gate.reason, gate.approvals)
+        return call, approval, editing.told(gate), problem
 
     async def _settle(
         self, run: dict[str, str], turn: int, call: dict[str, Any], text: str, fence: str
@@ -515,6 +528,7 @@ class Runner:
         gate_id: str | None,
         fence: str,
         approval: list[tuple[str, str | None]] | None = None,
+        note: str = "",
     ) -> str | None:
         """Run a call at most once: claimed before it starts, done after it ends.
 
@@ -523,7 +537,7 @@ class Runner:
         (and so the card) carries the tool's output alone.
         """
         if isinstance(t, AgentTool):
-            return await self._spawn(run, turn, call, t, fence)
+            return await self._spawn(run, turn, call, t, fence, note)
         run_id, cid = run["run_id"], call["id"]
         tkey = self.keys.turn(run_id, turn)
         # The attempt id is made once: a claim whose reply was lost, tried again, is told
@@ -569,7 +583,7 @@ class Runner:
             "output": output[:EVENT_OUTPUT_CHARS],
             "origin": json.loads(run.get("origin") or "{}"),
         }
-        told = messages.with_approval(output, approval) if approval else output
+        told = (messages.with_approval(output, approval) if approval else output) + note
         res = await self.scripts.complete_call(
             run_id, turn, fence, cid, told, json.dumps(event)[:-1]
         )
@@ -622,7 +636,13 @@ class Runner:
         return claim
 
     async def _spawn(
-        self, run: dict[str, str], turn: int, call: dict[str, Any], t: AgentTool, fence: str
+        self,
+        run: dict[str, str],
+        turn: int,
+        call: dict[str, Any],
+        t: AgentTool,
+        fence: str,
+        note: str = "",
     ) -> str | None:
         """Start the sub-agent's child run for this call (once); SPAWNED, or the call's
         result when it cannot start, or None when the run stopped."""
@@ -644,6 +664,7 @@ class Runner:
             depth,
             _now(),
             fence,
+            note,
         )
         if res is SpawnOutcome.LOST:
             raise LeaseLost(run_id)

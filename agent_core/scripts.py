@@ -355,6 +355,7 @@ class Scripts(ScriptSet):
         seen_hash: str,
         groups: Sequence[str] = (),
         self_ok: bool = True,
+        edit: tuple[str, str] | None = None,
     ) -> tuple[list[str], list[str]]:
         k = self.keys
         shard = k.shard_of(gate_id)
@@ -371,6 +372,7 @@ class Scripts(ScriptSet):
             seen_hash,
             mine,
             "1" if self_ok else "0",
+            *(edit or ("", "")),
         ]
         return keys, args
 
@@ -392,11 +394,13 @@ class Scripts(ScriptSet):
         seen_hash: str,
         groups: Sequence[str] = (),
         self_ok: bool = True,
+        edit: tuple[str, str] | None = None,
     ) -> Decision:
         """DECIDE_GATE: move the gate out of ``pending``, exactly once (a quorum's approval
-        that does not complete it is only counted)."""
+        that does not complete it is only counted). ``edit``: the edited arguments'
+        canonical JSON and hash, for an approval with edits (agent_core.editing)."""
         keys, args = self._decide(
-            gate_id, run_id, status, by, reason, attempt, seen_hash, groups, self_ok
+            gate_id, run_id, status, by, reason, attempt, seen_hash, groups, self_ok, edit
         )
         return self._decision_of(await self._run("decide_gate", keys, args))
 
@@ -414,10 +418,11 @@ class Scripts(ScriptSet):
         wait_ms: int,
         groups: Sequence[str] = (),
         self_ok: bool = True,
+        edit: tuple[str, str] | None = None,
     ) -> tuple[Decision, int]:
         """DECIDE_GATE then WAIT for ``replicas`` (see :func:`eval_replicated`)."""
         keys, args = self._decide(
-            gate_id, run_id, status, by, reason, attempt, seen_hash, groups, self_ok
+            gate_id, run_id, status, by, reason, attempt, seen_hash, groups, self_ok, edit
         )
         res, reached = await eval_replicated(
             self.redis, self.source("decide_gate"), keys, args, replicas, wait_ms

@@ -17,6 +17,7 @@ from typing import Any, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from .editing import Editable, editable_fields
 from .exceptions import ToolArgumentsError, ToolDefinitionError
 from .nudges import Nudges, Seconds
 from .quorum import ApprovalsOption, check_approvals
@@ -81,6 +82,8 @@ class Tool:
     # channel its cards go to (empty: the agent's, else the task's thread).
     approvers: tuple[str, ...] = ()
     approval_channel: str = ""
+    # The parameters a person may edit before approving (agent_core.editing; empty: none).
+    editable: tuple[str, ...] = ()
 
     @classmethod
     def from_function(
@@ -97,6 +100,7 @@ class Tool:
         approvals: ApprovalsOption = None,
         approvers: ApproverIds = None,
         approval_channel: str | None = None,
+        editable: Editable = None,
     ) -> Tool:
         """Describe ``fn`` as a tool (see :func:`tool`)."""
         if not callable(fn):
@@ -161,6 +165,7 @@ class Tool:
             approvals=approvals,
             approvers=ids,
             approval_channel=channel,
+            editable=editable_fields(editable, schema, f"tool {tool_name}"),
         )
 
     def openai_schema(self) -> dict[str, Any]:
@@ -253,6 +258,7 @@ def tool(
     approvals: ApprovalsOption = None,
     approvers: ApproverIds = None,
     approval_channel: str | None = None,
+    editable: Editable = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -270,6 +276,7 @@ def tool(
     approvals: ApprovalsOption = None,
     approvers: ApproverIds = None,
     approval_channel: str | None = None,
+    editable: Editable = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function (sync or async) into a :class:`Tool`.
 
@@ -284,6 +291,8 @@ def tool(
     ``approvers`` (a Slack ID or a list: users, user groups, ``*``) replace the agent's
     approvers and APPROVERS for this tool's calls; ``approval_channel`` (a channel ID) is where
     their cards are posted, with one line in the task's thread (see :mod:`agent_core.routes`).
+    ``editable``: ``True`` or a list of parameters lets an approver edit the arguments before
+    approving (**Edit & approve**; see :mod:`agent_core.editing`). Off by default.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -299,6 +308,7 @@ def tool(
             approvals=approvals,
             approvers=approvers,
             approval_channel=approval_channel,
+            editable=editable,
         )
 
     if fn is not None:

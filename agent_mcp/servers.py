@@ -37,6 +37,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
+from agent_core.editing import editable_fields
+from agent_core.exceptions import ToolDefinitionError
 from agent_core.routes import ApproverIds, approver_ids, channel_id
 from agent_core.tools import ApprovalRule as ToolRule
 
@@ -109,6 +111,9 @@ class MCPToolset:
     when it raises, ``False`` gates none, ``None`` leaves it all to the agent's policy.
     ``approvers`` and ``approval_channel`` route every call of the server's tools as a tool's
     own do (see :mod:`agent_core.routes`; APPROVAL_ROUTES can route one tool).
+    ``editable``: ``True`` lets an approver edit the arguments of every tool's calls before
+    approving, a list of tool names (the server's) of those tools' (every field of the tool's
+    input schema; see :mod:`agent_core.editing`). Off by default.
     ``timeout`` bounds each call, ``connect_timeout`` each connection attempt (seconds).
     """
 
@@ -120,6 +125,7 @@ class MCPToolset:
         requires_approval: MCPApprovalRule = None,
         approvers: ApproverIds = None,
         approval_channel: str | None = None,
+        editable: bool | Sequence[str] | None = None,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
     ) -> None:
@@ -147,6 +153,9 @@ class MCPToolset:
         self.approval_channel = channel_id(
             approval_channel, f"MCP server {name!r}: approval_channel"
         )
+        if isinstance(editable, str):
+            raise ValueError(f"MCP server {name!r}: editable is True, False or tool names")
+        self.editable = editable if isinstance(editable, bool | None) else frozenset(editable)
         self.timeout = _positive(name, "timeout", timeout)
         self.connect_timeout = _positive(name, "connect_timeout", connect_timeout)
         self._tools: tuple[MCPTool, ...] = ()
@@ -439,7 +448,10 @@ class MCPToolset:
             try:
                 tool = MCPTool.from_listing(t, self, self._rule(t.name))
                 tool = dataclasses.replace(
-                    tool, approvers=self.approvers, approval_channel=self.approval_channel
+                    tool,
+                    approvers=self.approvers,
+                    approval_channel=self.approval_channel,
+                    editable=self._editable(t.name, tool.schema),
                 )
             except jsonschema.SchemaError as exc:
                 log.warning(
@@ -482,6 +494,16 @@ class MCPToolset:
                     label,
                 )
 
+    def _editable(self, remote_name: str, schema: dict[str, Any]) -> tuple[str, ...]:
+        """The fields of a tool an approver may edit: all or none (see the class docstring)."""
+        wanted = self.editable
+        if not (wanted is True or (isinstance(wanted, frozenset) and remote_name in wanted)):
+            return ()
+        try:
+            return editable_fields(True, schema, f"MCP tool {remote_name}")
+        except ToolDefinitionError:  # no properties: nothing to edit
+            return ()
+
     def _rule(self, remote_name: str) -> ToolRule:
         """The approval rule of one tool (see the class docstring)."""
         rule = self.requires_approval
@@ -519,6 +541,7 @@ class MCPServerStdio(MCPToolset):
         requires_approval: MCPApprovalRule = None,
         approvers: ApproverIds = None,
         approval_channel: str | None = None,
+        editable: bool | Sequence[str] | None = None,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
     ) -> None:
@@ -528,6 +551,7 @@ class MCPServerStdio(MCPToolset):
             requires_approval=requires_approval,
             approvers=approvers,
             approval_channel=approval_channel,
+            editable=editable,
             timeout=timeout,
             connect_timeout=connect_timeout,
         )
@@ -564,6 +588,7 @@ class MCPServerHTTP(MCPToolset):
         requires_approval: MCPApprovalRule = None,
         approvers: ApproverIds = None,
         approval_channel: str | None = None,
+        editable: bool | Sequence[str] | None = None,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
     ) -> None:
@@ -573,6 +598,7 @@ class MCPServerHTTP(MCPToolset):
             requires_approval=requires_approval,
             approvers=approvers,
             approval_channel=approval_channel,
+            editable=editable,
             timeout=timeout,
             connect_timeout=connect_timeout,
         )
@@ -604,6 +630,7 @@ class MCPServerSSE(MCPToolset):
         requires_approval: MCPApprovalRule = None,
         approvers: ApproverIds = None,
         approval_channel: str | None = None,
+        editable: bool | Sequence[str] | None = None,
         timeout: float = 60.0,
         connect_timeout: float = 10.0,
     ) -> None:
@@ -613,6 +640,7 @@ class MCPServerSSE(MCPToolset):
             requires_approval=requires_approval,
             approvers=approvers,
             approval_channel=approval_channel,
+            editable=editable,
             timeout=timeout,
             connect_timeout=connect_timeout,
         )

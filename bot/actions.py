@@ -28,7 +28,7 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from agent_core.exceptions import ArgsHashMismatch, GateNotFound
 from agent_core.models import Decision, Gate, GateStatus
 
-from . import cards, quorum_view
+from . import cards, edit_view, quorum_view
 from .acking import at_ack
 from .context import BotContext
 from .home import HOME
@@ -717,6 +717,8 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         await submit_when_durable(
             ack, body, lambda outcome: actions.deny_all_submitted(body, outcome, external=external)
         )
+
+    edit_view.register(app, ctx, actions)  # Edit & approve (bot/edit_view.py)
 
     # Registered last: Bolt tries listeners in order, so this only catches the rest. Only
     # block_actions: legacy payloads are answered quietly (bot/quiet.py).

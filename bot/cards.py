@@ -320,12 +320,16 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
 
     line = quorum_view.outcome_line(gate) or outcome_line(gate) + quorum_view.after_line(gate)
     blocks.append(section(line))
+    from . import edit_view  # Edit & approve: what an edit changed, and the button
+
+    blocks.extend(edit_view.changed_blocks(gate))
     blocks.extend(nudge_blocks(gate))
     blocks.extend(result_blocks(gate, result, limit=text_limit if compact else RESULT_LIMIT))
     if pending:
         buttons = [
             button("Approve", APPROVE_ACTION, button_value(gate), style="primary"),
             button("Deny", DENY_ACTION, button_value(gate), style="danger"),
+            *edit_view.buttons(gate),
         ]
         if shown < len(raw):
             buttons.append(button("View all arguments", ARGS_ACTION, gate.gate_id))

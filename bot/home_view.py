@@ -97,6 +97,9 @@ def _pending_blocks(item: PendingItem) -> list[dict[str, Any]]:
     if item.approve:
         value = cards.button_value(gate)
         buttons.append(cards.button("Approve", cards.APPROVE_ACTION, value, style="primary"))
+        from .edit_view import buttons as edit_buttons  # Edit & approve, when offered
+
+        buttons.extend(edit_buttons(gate))
     buttons.append(
         cards.button("Deny", cards.DENY_ACTION, cards.button_value(gate), style="danger")
     )

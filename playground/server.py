@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
+import math
 import re
 import secrets
 import time
@@ -664,8 +665,10 @@ def _find_element(blocks: list[Any], action: dict[str, Any]) -> dict[str, Any] |
 def _view_state(
     view: dict[str, Any], values: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """``view.state.values`` for what the person typed, and the errors Slack's client shows
-    without sending anything (a required field left empty, too short, too long)."""
+    """``view.state.values`` for what the person typed or picked, and the errors Slack's
+    client shows without sending anything (a required field left empty, too short, too
+    long, a number input that does not hold a number of the kind and range it asks for).
+    Options are the view's own: a picked option the element does not offer counts as none."""
     state: dict[str, Any] = {}
     errors: dict[str, str] = {}
     for b in view.get("blocks") or []:
@@ -673,13 +676,39 @@ def _view_state(
             continue
         block_id = str(b.get("block_id") or "")
         element = b.get("element") or {}
+        kind = element.get("type")
         action_id = str(element.get("action_id") or "")
         entry = values.get(block_id)
         typed = entry.get(action_id) if isinstance(entry, dict) else None
-        typed = typed.get("value") if isinstance(typed, dict) else None
-        value = typed if isinstance(typed, str) and typed.strip() else None
+        typed = typed if isinstance(typed, dict) else {}
+        if kind in ("static_select", "checkboxes"):
+            offered = [o for o in element.get("options") or [] if isinstance(o, dict)]
+            if kind == "static_select":
+                picked = [typed.get("selected_option")]
+            else:
+                picked = typed.get("selected_options") or []
+            chosen = [
+                o
+                for o in offered
+                if any(isinstance(p, dict) and p.get("value") == o.get("value") for p in picked)
+            ]
+            if not chosen and not b.get("optional"):
+                errors[block_id] = "Please fill out this field."
+            if kind == "static_select":
+                state[block_id] = {
+                    action_id: {"type": kind, "selected_option": chosen[0] if chosen else None}
+                }
+            else:
+                state[block_id] = {action_id: {"type": kind, "selected_options": chosen}}
+            continue
+        raw = typed.get("value")
+        value = raw if isinstance(raw, str) and raw.strip() else None
         if value is None and not b.get("optional"):
             errors[block_id] = "Please fill out this field."
+        elif value is not None and kind == "number_input":
+            problem = _number_problem(value.strip(), element)
+            if problem:
+                errors[block_id] = problem
         elif value is not None and len(value) < int(element.get("min_length") or 0):
             errors[block_id] = f"Please enter at least {element['min_length']} characters."
         elif (
@@ -688,8 +717,28 @@ def _view_state(
             and len(value) > int(element["max_length"])
         ):
             errors[block_id] = f"Please enter at most {element['max_length']} characters."
-        state[block_id] = {action_id: {"type": element.get("type"), "value": value}}
+        state[block_id] = {action_id: {"type": kind, "value": value}}
     return state, errors
+
+
+def _number_problem(value: str, element: dict[str, Any]) -> str | None:
+    """What Slack's client says of a number input's text (None: it sends it)."""
+    decimal = bool(element.get("is_decimal_allowed"))
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or (not decimal and not re.fullmatch(r"-?\d+", value)):
+        return "Please enter a number." if decimal else "Please enter a whole number."
+    for key, word in (("min_value", "least"), ("max_value", "most")):
+        bound = element.get(key)
+        try:
+            limit = float(bound) if bound is not None else None
+        except ValueError:
+            limit = None
+        if limit is not None and (number < limit if key == "min_value" else number > limit):
+            return f"Please enter a number of at {word} {bound}."
+    return None
 
 
 def bot_events(manifest: str) -> frozenset[str]:

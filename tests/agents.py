@@ -10,7 +10,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from agent_core import Agent, ApprovalRequest, Verdict, approve, approver, ask, deny, tool
 from agent_core.testing import Step, call, reply, tool_messages
@@ -332,3 +332,62 @@ finance = Agent(
     # delete_user has no route of its own: the agent's approvers decide it, in the thread.
     approver_ids=["U0BOSS"],
 )
+
+
+# --- edit, then approve (agent_core.editing) ---------------------------------------------------
+@tool(requires_approval=True, editable=["amount_cents", "reason", "notify", "tags"])
+def refund_order(
+    order_id: str,
+    amount_cents: int,
+    reason: Literal["damaged", "late", "other"] = "other",
+    notify: bool = True,
+    tags: list[str] | None = None,
+) -> str:
+    """Refund part of an order (an approver may lower the amount)."""
+    journal(f"refund_order:{order_id}:{amount_cents}:{reason}:{notify}")
+    return f"refunded {amount_cents} on {order_id} ({reason})"
+
+
+@tool(requires_approval=True, editable=True, idempotent=True)
+async def resize_disk(disk: str, size_gb: int) -> str:
+    """Resize a disk (idempotent; slow when the test wants it killed while it runs)."""
+    journal(f"resize_disk:start:{disk}:{size_gb}")
+    await asyncio.sleep(float(os.environ.get("TEST_SLOW_SECONDS", "0")))
+    journal(f"resize_disk:end:{disk}:{size_gb}")
+    return f"disk {disk} is {size_gb} GB"
+
+
+@tool(requires_approval=True, editable=True, approvals=2)
+def big_wire(amount: int) -> str:
+    """A wire that needs two approvers: never editable, whatever the tool says."""
+    journal(f"big_wire:{amount}")
+    return f"wired {amount}"
+
+
+researcher = Agent(
+    name="researcher",
+    instructions="You research a task and answer in one line.",
+    tools=[lookup],
+)
+
+editing = Agent(
+    name="editing",
+    instructions="You are a test agent whose approvers may edit calls.",
+    tools=[
+        refund_order,
+        resize_disk,
+        big_wire,
+        delete_user,
+        transfer,
+        researcher.as_tool(requires_approval=True, editable=True),
+    ],
+)
+
+
+def editing_model(messages: list[dict[str, Any]]) -> Step:
+    """A scripted model for the ``editing`` agent (the playground's PLAYGROUND_MODEL in the
+    browser tests): it refunds 4900 on A-7, then answers with what the tool message said."""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return reply(str(last.get("content")))
+    return call("refund_order", {"order_id": "A-7", "amount_cents": 4900})

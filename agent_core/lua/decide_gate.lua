@@ -10,11 +10,14 @@
 --   attempt id, '' for none: made once, kept across retries), run_id (must match the
 --   gate's), seen_hash (the arguments hash the decider saw; '' when not given: the gate's
 --   own), mine (JSON list of the gate's quorum groups the decider is in, '' for none),
---   self_ok ('1': a requester may approve; else an approval by a requester is refused)
+--   self_ok ('1': a requester may approve; else an approval by a requester is refused),
+--   edited (the edited arguments' canonical JSON, '' for none), edited_hash (their hash;
+--   see include/edits.lua: the gate records both, and decided_hash is the edited hash)
 -- Returns: {outcome, gate hash as a flat list[, why]}; outcome is applied | decided (someone
 --   else was first) | counted (an approval recorded towards the gate's quorum, which needs
 --   more: still pending) | refused (an approval not recorded; why: requester | again |
---   group | not_member, see include/quorum.lua) | missing | not_due (expiry asked too early)
+--   group | not_member, see include/quorum.lua; edit | not_editable | quorum: an edit the
+--   gate does not allow, see include/edits.lua) | missing | not_due (expiry asked too early)
 --   | mismatch (seen_hash is not the gate's: nothing decided); the last three carry no hash.
 local gate_key, run_key, deadlines_key, jobs_key, events_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -23,6 +26,7 @@ local nudges_key = KEYS[6]
 local gate_id, wanted, decider, why, attempt, run_id, seen_hash, mine, self_ok =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8] or '', ARGV[9] or '1'
 --!include quorum.lua
+--!include edits.lua
 local st = redis.call('HGET', gate_key, 'status')
 if not st or redis.call('HGET', gate_key, 'run_id') ~= run_id then return {'missing'} end
 if st ~= 'pending' then
@@ -34,6 +38,8 @@ if st ~= 'pending' then
 end
 local ahash = redis.call('HGET', gate_key, 'args_hash')
 if seen_hash ~= '' and seen_hash ~= ahash then return {'mismatch'} end
+local no_edit = edit_refused(gate_key, wanted)
+if no_edit then return {'refused', redis.call('HGETALL', gate_key), no_edit} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local status, by, reason = wanted, decider, why
@@ -61,6 +67,8 @@ local seen = ''
 if status == 'approved' or status == 'denied' then
   seen = seen_hash ~= '' and seen_hash or ahash
 end
+local edit_data
+seen, edit_data = record_edit(gate_key, status, by, seen)
 redis.call('HSET', gate_key, 'status', status, 'decided_by', by, 'reason', reason,
   'decided_at', nowstr, 'decided_hash', seen, 'decided_attempt', attempt)
 redis.call('ZREM', deadlines_key, gate_id)
@@ -70,7 +78,7 @@ local origin = redis.call('HGET', run_key, 'origin') or '{}'
 local data = '{"gate_id":' .. cjson.encode(gate_id) .. ',"run_id":' .. cjson.encode(run_id)
   .. ',"call_id":' .. cjson.encode(g[3]) .. ',"tool":' .. cjson.encode(g[1])
   .. ',"status":' .. cjson.encode(status) .. ',"by":' .. cjson.encode(by)
-  .. ',"reason":' .. cjson.encode(reason) .. ',"decided_at":' .. nowstr
+  .. ',"reason":' .. cjson.encode(reason) .. ',"decided_at":' .. nowstr .. edit_data
   .. ',"origin":' .. origin .. '}'
 redis.call('XADD', events_key, '*', 'type', 'gate.decided', 'run_id', run_id, 'data', data)
 local pending = redis.call('HINCRBY', run_key, 'pending', -1)

@@ -45,7 +45,9 @@ elseif kind == 'done' then
   redis.call('ZADD', finished_key, nowstr, run_id)
   redis.call('ZREM', active_key, run_id)
   if parent_jobs_key then
-    report_child(run_key, parent_key, parent_turn_key, parent_jobs_key, events_key, final, true)
+    -- parent_note: what the parent's model reads after the answer (an edited task's note)
+    report_child(run_key, parent_key, parent_turn_key, parent_jobs_key, events_key,
+      final .. (redis.call('HGET', run_key, 'parent_note') or ''), true)
   end
 else
   redis.call('HSET', run_key, 'phase', 'tools')

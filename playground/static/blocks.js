@@ -144,12 +144,43 @@ function renderInput(b, ctx, index) {
     const sel = renderSelect(el, b, ctx, true);
     sel.id = id;
     wrap.append(sel);
+  } else if (el.type === "number_input") {
+    // Slack's number input: text that must be a number (a whole one unless decimals are allowed).
+    const field = h("input", {
+      id, type: "text", class: "bk-text-input bk-number-input",
+      inputmode: el.is_decimal_allowed ? "decimal" : "numeric",
+      placeholder: el.placeholder ? el.placeholder.text : null,
+      "data-block-id": b.block_id, "data-action-id": el.action_id ?? "", "data-type": "number_input",
+      "data-decimal": el.is_decimal_allowed ? "1" : null,
+      "data-min": el.min_value ?? null, "data-max": el.max_value ?? null,
+    });
+    if (el.initial_value != null) field.value = String(el.initial_value);
+    wrap.append(field);
+  } else if (el.type === "checkboxes") {
+    wrap.append(renderCheckboxes(el, b, id));
   } else {
     wrap.append(unsupported("element", el.type, el));
   }
   if (b.hint) wrap.append(h("div", { class: "input-hint", html: plainText(b.hint) }));
   wrap.append(h("div", { class: "input-error", hidden: true, role: "alert" }));
   return wrap;
+}
+
+function renderCheckboxes(el, b, id) {
+  const box = h("div", {
+    id, class: "bk-checkboxes", "data-block-id": b.block_id, "data-action-id": el.action_id ?? "",
+    "data-type": "checkboxes",
+  });
+  const initial = new Set((el.initial_options || []).map((o) => o.value));
+  const opts = el.options || [];
+  opts.forEach((o, i) => {
+    const input = h("input", { type: "checkbox", value: String(i), id: `${id}-${i}` });
+    input.checked = initial.has(o.value);
+    box.append(h("label", { class: "bk-checkbox", for: `${id}-${i}` }, input, " ", optionText(o)));
+  });
+  box.selectedOptionsObject = () => [...box.querySelectorAll("input[type=checkbox]")]
+    .filter((c) => c.checked).map((c) => { const o = opts[Number(c.value)]; return { text: o.text, value: o.value }; });
+  return box;
 }
 
 // ----------------------------------------------------------------------------- elements
@@ -383,7 +414,9 @@ export function collectValues(root) {
     const blockId = f.dataset.blockId;
     const actionId = f.dataset.actionId;
     const entry = { type: f.dataset.type };
-    if (f.dataset.type === "plain_text_input") entry.value = f.value === "" ? null : f.value;
+    if (f.dataset.type === "plain_text_input" || f.dataset.type === "number_input") {
+      entry.value = f.value === "" ? null : f.value;
+    } else if (f.dataset.type === "checkboxes") entry.selected_options = f.selectedOptionsObject();
     else entry.selected_option = f.selectedOptionObject ? f.selectedOptionObject() : null;
     (values[blockId] ||= {})[actionId] = entry;
   }
@@ -394,7 +427,8 @@ export function collectValues(root) {
 export function snapshotInputs(root) {
   const snap = new Map();
   for (const f of root.querySelectorAll("[data-type][data-block-id]")) {
-    snap.set(f.dataset.blockId + "\u0000" + f.dataset.actionId, f.value);
+    const boxes = [...f.querySelectorAll("input[type=checkbox]")];
+    snap.set(f.dataset.blockId + "\u0000" + f.dataset.actionId, boxes.length ? boxes.map((c) => c.checked) : f.value);
   }
   return snap;
 }
@@ -402,7 +436,10 @@ export function snapshotInputs(root) {
 export function restoreInputs(root, snap) {
   for (const f of root.querySelectorAll("[data-type][data-block-id]")) {
     const key = f.dataset.blockId + "\u0000" + f.dataset.actionId;
-    if (snap.has(key)) f.value = snap.get(key);
+    if (!snap.has(key)) continue;
+    const was = snap.get(key);
+    if (Array.isArray(was)) f.querySelectorAll("input[type=checkbox]").forEach((c, i) => { c.checked = !!was[i]; });
+    else f.value = was;
   }
 }
 
@@ -426,7 +463,23 @@ export function missingRequired(root) {
   for (const blk of root.querySelectorAll(".blk-input")) {
     if (blk.dataset.optional) continue;
     const f = blk.querySelector("[data-type]");
-    if (f && f.value.trim() === "") errors[blk.dataset.blockId] = "Please fill out this field.";
+    if (f && f.dataset.type === "checkboxes") {
+      if (!f.selectedOptionsObject().length) errors[blk.dataset.blockId] = "Please select an option.";
+    } else if (f && f.value.trim() === "") errors[blk.dataset.blockId] = "Please fill out this field.";
+  }
+  // Slack checks a number input in the browser before anything is sent.
+  for (const f of root.querySelectorAll("[data-type=number_input]")) {
+    const v = f.value.trim();
+    if (v === "" || errors[f.dataset.blockId]) continue;
+    const n = Number(v);
+    const whole = f.dataset.decimal ? true : /^-?\d+$/.test(v);
+    if (!Number.isFinite(n) || !whole) {
+      errors[f.dataset.blockId] = f.dataset.decimal ? "Please enter a number." : "Please enter a whole number.";
+    } else if (f.dataset.min != null && n < Number(f.dataset.min)) {
+      errors[f.dataset.blockId] = `Please enter a number of at least ${f.dataset.min}.`;
+    } else if (f.dataset.max != null && n > Number(f.dataset.max)) {
+      errors[f.dataset.blockId] = `Please enter a number of at most ${f.dataset.max}.`;
+    }
   }
   return errors;
 }

@@ -456,3 +456,63 @@ async def test_an_approval_in_the_approval_channel(
         await shot(page, "approval-channel-thread")
     finally:
         pg.stop()
+
+
+async def test_edit_and_approve_in_the_page(
+    page: Page, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # The editing agent: refund_order lets an approver edit amount_cents, reason and notify.
+    pg = start_playground(
+        redis_server.url,
+        tmp_path,
+        AGENT="tests.agents:editing",
+        PLAYGROUND_MODEL="tests.agents:editing_model",
+    )
+    try:
+        await open_as(page, pg, people.REQUESTER)
+        thread = await start_task(page, "refund A-7")
+        gate = card(thread, "refund_order").first
+        await expect(gate.get_by_role("button", name="Edit & approve")).to_be_visible(timeout=SLOW)
+        await gate.get_by_role("button", name="Edit & approve").click()
+        await expect(page.locator("body")).to_contain_text("You asked for this run", timeout=SLOW)
+        await expect(page.locator(".modal[role=dialog]")).to_have_count(0)
+
+        await switch(page, people.APPROVER)
+        gate = card(page.locator("#thread"), "refund_order").first
+        await gate.get_by_role("button", name="Edit & approve").click()
+        modal = page.locator(".modal[role=dialog]")
+        await expect(modal).to_be_visible(timeout=SLOW)
+        await expect(modal.locator(".modal-title")).to_have_text("Edit & approve")
+        amount = modal.locator("[data-block-id='arg:amount_cents'] input")
+        await expect(amount).to_have_value("4900")
+        await expect(
+            modal.locator("[data-block-id='arg:notify'] input[type=checkbox]")
+        ).to_be_checked()
+        # Slack's own check: a whole number.
+        await amount.fill("25.5")
+        await modal.locator(".modal-submit").click()
+        await expect(modal).to_contain_text("Please enter a whole number.")
+        # The bot's check (the tool's schema): the error on the field, the modal stays open.
+        await amount.fill("2500")
+        await modal.locator("[data-block-id='arg:tags'] textarea").fill('"urgent"')
+        await modal.locator(".modal-submit").click()
+        await expect(modal.locator(".blk-input[data-block-id='arg:tags']")).to_contain_text(
+            "must be array or null", timeout=SLOW
+        )
+        await modal.locator("[data-block-id='arg:tags'] textarea").fill('["urgent"]')
+        await modal.locator("[data-block-id='arg:reason'] select").select_option(label="late")
+        await shot(page, "edit-modal")
+        await modal.locator(".modal-submit").click()
+        await expect(modal).to_have_count(0, timeout=SLOW)
+        await expect(gate).to_contain_text("Edited", timeout=SLOW)
+        await expect(gate).to_contain_text("amount_cents: 4900 → 2500")
+        await expect(gate).to_contain_text("refunded 2500 on A-7 (late)", timeout=SLOW)
+        await expect(gate.get_by_role("button", name="Edit & approve")).to_have_count(0)
+        answer = page.locator("#thread-replies .msg", has_text="Answer")
+        await expect(answer).to_contain_text(
+            'Approved by U0PGAVERY with edited arguments: {"amount_cents":2500', timeout=SLOW
+        )
+        await expect(answer).to_contain_text('the original request was {"amount_cents":4900')
+        await shot(page, "edit-approved")
+    finally:
+        pg.stop()
