@@ -474,7 +474,8 @@ class Runner:
             # The call runs only with the arguments whose hash the approver saw.
             seen = gate.decided_hash or gate.args_hash
             if seen != args_hash(call["args"]):
-                return await self._settle(run, turn, call, messages.args_changed(t.name), fence)
+                changed = messages.args_changed(t.name)
+                return await self._settle(run, turn, call, changed, fence, gate.gate_id)
             approval = approvers_told(gate.decided_by, gate.reason, gate.approvals)
             return await self._execute(run, turn, call, t, gate.gate_id, fence, approval)
         if gate.status is GateStatus.DENIED:
@@ -495,11 +496,20 @@ class Runner:
         return approvers_told(by, reason, approvals_of(approvals))
 
     async def _settle(
-        self, run: dict[str, str], turn: int, call: dict[str, Any], text: str, fence: str
+        self,
+        run: dict[str, str],
+        turn: int,
+        call: dict[str, Any],
+        text: str,
+        fence: str,
+        approved: str | None = None,
     ) -> str | None:
-        """Record the result of a call that did not run; None when the run stopped."""
+        """Record the result of a call that did not run; None when the run stopped.
+        ``approved``: the gate that approved it (audited as not run)."""
         run_id = run["run_id"]
-        res = await self.scripts.settle_call(run_id, turn, fence, call["id"], clean_text(text))
+        res = await self.scripts.settle_call(
+            run_id, turn, fence, call["id"], clean_text(text), gate_id=approved
+        )
         if res is SettleOutcome.LOST:
             raise LeaseLost(run_id)
         return text if res is SettleOutcome.OK else None
@@ -568,8 +578,9 @@ class Runner:
             "origin": json.loads(run.get("origin") or "{}"),
         }
         told = messages.with_approval(output, approval) if approval else output
+        outcome = "in_doubt" if in_doubt else "executed" if ok else "failed"
         res = await self.scripts.complete_call(
-            run_id, turn, fence, cid, told, json.dumps(event)[:-1]
+            run_id, turn, fence, cid, told, json.dumps(event)[:-1], gate_id=gate_id, outcome=outcome
         )
         if res is CompleteOutcome.LOST:
             log.warning(
