@@ -301,6 +301,8 @@ def quorum_model(messages: list[dict[str, Any]]) -> Step:
     if last.get("role") == "tool":
         return reply(str(last.get("content")))
     return call("wire", {"amount": 500})
+
+
 # --- approval channels: routes of tools and agents (agent_core.routes) ----------------------
 FINANCE_CHANNEL = "C0FINANCE"
 FINANCE_GROUP = "S0FINANCE"
