@@ -3,8 +3,9 @@
 Each shard has an audit stream (:meth:`Keys.audit`), appended inside the scripts that open,
 decide, remind, close and execute gated calls (``lua/include/audit.lua``), so an entry is
 written exactly when its event happens, once. An entry's fields are ``kind``, ``gate_id``,
-``run_id``, ``call_id``, ``tool``, ``args_hash``, ``by``, ``at``, a few more by kind
-(``reason``, ``group``, ``to``, ``after_cancel``) and last ``prev``: the SHA-1 of the
+``run_id``, ``call_id``, ``tool``, ``args_hash``, ``by``, ``at``, ``reason``, ``more`` (a JSON
+object of the few fields of its kind: ``group``, ``to``, ``after_cancel``; '' for none: every
+entry has the same field names, which a stream stores once per node) and last ``prev``: the SHA-1 of the
 previous entry's canonical encoding (:func:`encode`). The head hash (:meth:`Keys.audit_head`)
 keeps the last entry's ``id`` and ``hash``; trimming records an ``anchor``, the ``prev`` of
 the first entry kept. :func:`verify_shard` walks a chain from its anchor to its head: an
@@ -19,6 +20,7 @@ gated call's outcome: ``executed``, ``failed``, ``in_doubt``, ``not_run``.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
@@ -67,8 +69,20 @@ class AuditEntry:
     fields: tuple[tuple[str, str], ...]
 
     def get(self, name: str) -> str:
-        """A field's value ('' when absent)."""
-        return next((v for k, v in self.fields if k == name), "")
+        """A field's value, or one of ``more``'s ('' when absent)."""
+        value = next((v for k, v in self.fields if k == name), None)
+        if value is None:
+            value = self.more().get(name, "")
+        return value
+
+    def more(self) -> dict[str, str]:
+        """The fields of its kind beyond the common ones (``group``, ``to``, …)."""
+        raw = next((v for k, v in self.fields if k == "more"), "")
+        try:
+            found = json.loads(raw) if raw else {}
+        except ValueError:
+            return {}
+        return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
     @property
     def kind(self) -> str:
@@ -89,7 +103,8 @@ class AuditEntry:
 
     def as_dict(self) -> dict[str, str]:
         """Its fields with ``shard`` and ``id``, for an export."""
-        return {"shard": str(self.shard), "id": self.id, **dict(self.fields)}
+        plain = {k: v for k, v in self.fields if k != "more"}
+        return {"shard": str(self.shard), "id": self.id, **self.more(), **plain}
 
 
 async def entries(

@@ -220,3 +220,34 @@ async def test_trimming_by_age_keeps_the_chain_verifiable(
     await h.wait_finished(run_id)
     for shard in h.keys.all_shards():
         assert await verified(h, shard) == []
+
+
+async def test_memory_per_approved_and_executed_call(
+    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What docs/operations/audit.md says one approved call costs: its 3 entries (opened,
+    approved, executed) in one shard's stream, by MEMORY USAGE."""
+    from tests.agents import ops
+
+    h = Harness(redis, core_settings(redis_url, fake_openai.base_url, SHARDS=1), ops)
+    h.start_worker()
+    try:
+        stream = h.keys.audit(0)
+
+        async def calls(n: int, first: int) -> None:
+            for i in range(first, first + n):
+                run_id, gid = await gated_run(h, fake_openai, f"audit mem {i}", str(1000 + i))
+                await h.gateway.decide(gid, "approve", by="U0APPROVER", reason="ok")
+                await h.wait_finished(run_id)
+
+        await calls(20, 0)  # past the stream's first node
+        before = int(await redis.memory_usage(stream, samples=0) or 0)
+        await calls(100, 20)
+        after = int(await redis.memory_usage(stream, samples=0) or 0)
+        per_call = (after - before) / 100
+        with capsys.disabled():
+            print(f"\naudit trail: {per_call:.0f} bytes per approved and executed call")
+        assert 300 < per_call < 2000, per_call
+        assert await verified(h, 0) == []
+    finally:
+        await h.close()
