@@ -16,6 +16,7 @@ from agent_core.testing import FakeOpenAI, call, reply
 from tests.agents import quorum, read_journal
 from tests.core.conftest import core_settings
 from tests.core.harness import Harness
+from tests.core.workers import WorkerProcess, wait_journal
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -251,3 +252,28 @@ async def test_memory_per_approved_and_executed_call(
         assert await verified(h, 0) == []
     finally:
         await h.close()
+
+
+async def test_a_call_left_in_doubt_by_a_killed_worker_has_one_outcome_entry(
+    spawn: Callable[..., WorkerProcess],
+    observer: Harness,
+    fake_openai: FakeOpenAI,
+    redis_url: str,
+    journal: Path,
+) -> None:
+    fake_openai.script("audit doubt", [call("transfer", {"amount": 5}), reply("unknown")])
+    first = spawn(redis_url, TEST_SLOW_SECONDS="60")
+    run = await observer.gateway.start_run("audit doubt", requested_by="U1")
+    [g] = await observer.opened_gates(run.run_id, 1)
+    gid = g.data["gate_id"]
+    await observer.gateway.decide(gid, "approve", by="U2")
+    await wait_journal(journal, "transfer:start:5")
+    first.kill()
+    spawn(redis_url)
+    await observer.wait_finished(run.run_id, timeout=20)
+    assert [(e.kind, e.get("by")) for e in await trail(observer, gid)] == [
+        ("opened", "U1"),
+        ("approved", "U2"),
+        ("in_doubt", ""),
+    ]
+    assert await verified(observer, observer.keys.shard_of(gid)) == []
