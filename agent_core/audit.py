@@ -186,30 +186,43 @@ class Verified:
     problems: list[str] = field(default_factory=list)
 
 
+async def _head(redis: Redis, keys: Keys, shard: int) -> dict[str, str]:
+    raw = await redis.hgetall(keys.audit_head(shard))
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
 async def verify_shard(
     redis: Redis, keys: Keys, shard: int, known: Iterable[Head] = ()
 ) -> Verified:
     """Check a shard's chain from its anchor to its head, and that each head of ``known``
-    (kept outside Redis) is still in it, with the same hash, or was trimmed."""
+    (kept outside Redis) is still in it, with the same hash, or was trimmed. Safe on a live
+    trail: entries appended or trimmed while it reads are followed."""
     out = Verified(shard)
-    raw = await redis.hgetall(keys.audit_head(shard))
-    head = {_text(k): _text(v) for k, v in raw.items()}
+    head = await _head(redis, keys, shard)
     expected, before = head.get("anchor", ""), head.get("anchor_id", "") or "(start)"
     hashes: dict[str, str] = {}
-    last = ""
-    async for e in entries(redis, keys, shard):
-        out.checked += 1
-        names = [k for k, _ in e.fields]
-        if not names or names[0] != "kind" or names[-1] != "prev":
-            out.problems.append(f"shard {shard}: entry {e.id} is not an audit entry (forged)")
-        elif e.get("prev") != expected:
-            out.problems.append(
-                f"shard {shard}: entry {e.id} ({e.kind} {e.get('gate_id')}) does not follow "
-                f"entry {before}: an entry between them was removed or altered, or this one "
-                "was"
-            )
-        expected, before, last = e.hash, e.id, e.id
-        hashes[e.id] = expected
+    last, start = "", "-"
+    for _ in range(5):
+        async for e in entries(redis, keys, shard, start=start):
+            out.checked += 1
+            names = [k for k, _ in e.fields]
+            if not last and e.get("prev") != expected:  # trimmed meanwhile: its new anchor
+                head = await _head(redis, keys, shard)
+                expected = head.get("anchor", "")
+            if not names or names[0] != "kind" or names[-1] != "prev":
+                out.problems.append(f"shard {shard}: entry {e.id} is not an audit entry (forged)")
+            elif e.get("prev") != expected:
+                out.problems.append(
+                    f"shard {shard}: entry {e.id} ({e.kind} {e.get('gate_id')}) does not "
+                    f"follow entry {before}: an entry between them was removed or altered, or "
+                    "this one was"
+                )
+            expected, before, last = e.hash, e.id, e.id
+            hashes[e.id] = expected
+        head = await _head(redis, keys, shard)
+        if not last or not head.get("id") or _order(head["id"]) <= _order(last):
+            break
+        start = "(" + last  # appended while it read: follow them
     if head.get("hash", "") != expected or (last and head.get("id") != last):
         out.problems.append(
             f"shard {shard}: the chain ends at entry {last or '(none)'}, but its head is "

@@ -277,3 +277,40 @@ async def test_a_call_left_in_doubt_by_a_killed_worker_has_one_outcome_entry(
         ("in_doubt", ""),
     ]
     assert await verified(observer, observer.keys.shard_of(gid)) == []
+
+
+async def test_verify_on_a_live_trail_finds_nothing_wrong(
+    redis: Redis, redis_url: str, fake_openai: FakeOpenAI
+) -> None:
+    """Entries appended (and trimmed) while verify reads are no break."""
+    from tests.agents import ops
+
+    h = Harness(redis, core_settings(redis_url, fake_openai.base_url, SHARDS=1), ops)
+    h.start_worker()
+    try:
+        for i in range(3):
+            run_id, gid = await gated_run(h, fake_openai, f"audit live {i}", str(i))
+            await h.gateway.decide(gid, "deny", by="U2")
+            await h.wait_finished(run_id)
+        done = asyncio.Event()
+
+        async def writer() -> None:
+            for i in range(3, 13):
+                run_id, gid = await gated_run(h, fake_openai, f"audit live {i}", str(i))
+                await h.gateway.decide(gid, "deny", by="U2")
+                await h.wait_finished(run_id)
+                if i == 8:
+                    await trim(h.gateway.scripts, retention=0.2)
+            done.set()
+
+        task = asyncio.create_task(writer())
+        checks = 0
+        while not done.is_set():
+            assert await verified(h, 0) == []
+            checks += 1
+            await asyncio.sleep(0)
+        await task
+        assert checks > 1
+        assert await verified(h, 0) == []
+    finally:
+        await h.close()
