@@ -3,10 +3,10 @@
 -- gate_key is given, unless `fields` has them), by, at (the Redis clock unless given),
 -- reason, more (the other `fields` as a JSON object, '' for none: every entry has the same
 -- field names, which a stream stores once per node), then prev: the SHA-1 (hex) of the
--- previous entry's canonical encoding ('' before the first). An entry's encoding is its id, then each field
--- name and value in order, each written <length in bytes>:<bytes>, (a netstring). The head
--- hash keeps the last entry's `id` and `hash`: a removed, altered or inserted entry breaks
--- the chain (agent-audit verify).
+-- previous entry's canonical encoding ('' before the first). An entry's encoding is its
+-- id, then each field name and value in order, each written <length in bytes>:<bytes>, (a
+-- netstring). The head hash keeps the last entry's `id` and `hash`: a removed, altered or
+-- inserted entry breaks the chain (agent-audit verify).
 local function audit(stream_key, head_key, kind, gate_key, fields)
   local f = {}
   for k, v in pairs(fields or {}) do f[k] = tostring(v) end
