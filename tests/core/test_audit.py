@@ -314,3 +314,71 @@ async def test_verify_on_a_live_trail_finds_nothing_wrong(
         assert await verified(h, 0) == []
     finally:
         await h.close()
+
+
+async def test_a_failed_run_records_its_closed_gate_and_its_calls_never_run_or_in_doubt(
+    harness: Harness, fake_openai: FakeOpenAI, redis: Redis
+) -> None:
+    """FAIL_RUN (the dead-letter path) with four gated calls: one claimed by a dead worker
+    (in_doubt), one approved not started (not_run), one denied (no outcome), one pending
+    (closed)."""
+    from agent_core.testing import calls
+    from agent_core.worker import Worker
+    from tests.core.test_failed_turns import stop
+    from tests.core.test_promises import take_lease
+
+    h = harness
+    fake_openai.script(
+        "audit four",
+        [
+            calls(
+                [
+                    ("sync_mirror", {"name": "m1"}),
+                    ("delete_user", {"user_id": "a"}),
+                    ("delete_user", {"user_id": "b"}),
+                    ("delete_user", {"user_id": "c"}),
+                ]
+            ),
+            reply("reported"),
+        ],
+    )
+    run = await h.gateway.start_run("audit four", requested_by="U1")
+    opened = await h.opened_gates(run.run_id, 4)
+    await stop(h, h.workers[0][0])
+    sync, a, b, c = (e.data for e in opened)
+    await h.gateway.decide(sync["gate_id"], "approve", by="U2")
+    await h.gateway.decide(a["gate_id"], "approve", by="U2")
+    await h.gateway.decide(b["gate_id"], "deny", by="U2")
+    fence = await take_lease(redis, h.keys, run.run_id)
+    await redis.hset(h.keys.run(run.run_id), "status", "running")
+    await redis.hset(h.keys.turn(run.run_id, 1), f"state:{sync['call_id']}", "claimed")
+    runner = Worker(redis, h.agent, h.client, h.settings).runner
+    assert await runner.fail(run.run_id, "the job kept crashing", fence)
+    kinds = {g["gate_id"]: [e.kind for e in await trail(h, g["gate_id"])] for g in (sync, a, b, c)}
+    assert kinds == {
+        sync["gate_id"]: ["opened", "approved", "in_doubt"],
+        a["gate_id"]: ["opened", "approved", "not_run"],
+        b["gate_id"]: ["opened", "denied"],
+        c["gate_id"]: ["opened", "closed"],
+    }
+    [closed] = [e for e in await trail(h, c["gate_id"]) if e.kind == "closed"]
+    assert closed.get("reason") == "the run failed: the job kept crashing"
+    assert await verified(h, h.keys.shard_of(run.run_id)) == []
+
+
+async def test_an_approved_call_of_a_cancelled_run_is_recorded_as_never_run(
+    harness: Harness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    from tests.core.test_failed_turns import stop
+
+    h = harness
+    run_id, gid = await gated_run(h, fake_openai, "audit cancel approved")
+    await stop(h, h.workers[0][0])  # the resume job waits: the call never starts
+    await h.gateway.decide(gid, "approve", by="U2")
+    await h.gateway.cancel_run(run_id, by="U9")
+    assert [(e.kind, e.get("by")) for e in await trail(h, gid)] == [
+        ("opened", "U1"),
+        ("approved", "U2"),
+        ("not_run", "U9"),
+    ]
+    assert read_journal(str(journal)) == []
