@@ -28,7 +28,7 @@ $(VPY):
 
 # Reinstall only when pyproject.toml changed (or a package's __init__.py appeared: the
 # editable install maps the packages that existed when it ran).
-PACKAGE_INITS := $(wildcard agent_core/__init__.py agent_mcp/__init__.py bot/__init__.py playground/__init__.py)
+PACKAGE_INITS := $(wildcard agent_core/__init__.py agent_audit/__init__.py agent_mcp/__init__.py bot/__init__.py playground/__init__.py)
 $(STAMP): pyproject.toml $(PACKAGE_INITS) | $(VPY)
 	@echo "make: installing the gateway with the development tools (pytest, mypy, ruff, playwright, build, mkdocs) into $(VENV); a first install takes a few minutes"
 	$(VPY) -m pip install -q -e '.[dev]'

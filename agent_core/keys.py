@@ -265,3 +265,14 @@ class Keys:
         """Sorted set: a shard's pending reminders and escalations, ``remind:<gate id>`` and
         ``escalate:<gate id>``, scored by when they are due (unix seconds)."""
         return f"{self.tag(shard)}:nudges"
+
+    # --- the audit trail (agent_core.audit) ---------------------------------------------
+    def audit(self, shard: int) -> str:
+        """Stream: a shard's audit trail, every gate event chained by hashes; kept for
+        AUDIT_RETENTION, whatever happens to the runs."""
+        return f"{self.tag(shard)}:audit"
+
+    def audit_head(self, shard: int) -> str:
+        """Hash: the audit trail's head (``id`` and ``hash`` of its last entry) and, once
+        trimmed, its ``anchor`` (the ``prev`` of the first entry kept)."""
+        return f"{self.tag(shard)}:audit:head"

@@ -420,8 +420,8 @@ class Runner:
                 approval, note, problem = None, "", None
                 if gate_id:  # an edited approval runs its edited arguments, never the original
                     call, approval, note, problem = await self._approval(gate_id, call, t)
-                if problem is not None:
-                    out = await self._settle(run, turn, call, problem, fence)
+                if problem is not None:  # approved, and not run: audited as such
+                    out = await self._settle(run, turn, call, problem, fence, gate_id)
                 else:
                     out = await self._execute(run, turn, call, t, gate_id, fence, approval, note)
             elif state == "gated":
@@ -480,11 +480,12 @@ class Runner:
         if gate.status is GateStatus.APPROVED:
             call, problem = editing.call_to_run(gate, call, t)  # the edited arguments, if any
             if problem is not None:
-                return await self._settle(run, turn, call, problem, fence)
+                return await self._settle(run, turn, call, problem, fence, gate.gate_id)
             # The call runs only with the arguments whose hash the approver saw (or wrote).
             seen = gate.decided_hash or gate.args_hash
             if seen != args_hash(call["args"]):
-                return await self._settle(run, turn, call, messages.args_changed(t.name), fence)
+                changed = messages.args_changed(t.name)
+                return await self._settle(run, turn, call, changed, fence, gate.gate_id)
             approval = approvers_told(gate.decided_by, gate.reason, gate.approvals)
             note = editing.told(gate)
             return await self._execute(run, turn, call, t, gate.gate_id, fence, approval, note)
@@ -510,11 +511,20 @@ class Runner:
         return call, approval, editing.told(gate), problem
 
     async def _settle(
-        self, run: dict[str, str], turn: int, call: dict[str, Any], text: str, fence: str
+        self,
+        run: dict[str, str],
+        turn: int,
+        call: dict[str, Any],
+        text: str,
+        fence: str,
+        approved: str | None = None,
     ) -> str | None:
-        """Record the result of a call that did not run; None when the run stopped."""
+        """Record the result of a call that did not run; None when the run stopped.
+        ``approved``: the gate that approved it (audited as not run)."""
         run_id = run["run_id"]
-        res = await self.scripts.settle_call(run_id, turn, fence, call["id"], clean_text(text))
+        res = await self.scripts.settle_call(
+            run_id, turn, fence, call["id"], clean_text(text), gate_id=approved
+        )
         if res is SettleOutcome.LOST:
             raise LeaseLost(run_id)
         return text if res is SettleOutcome.OK else None
@@ -584,8 +594,9 @@ class Runner:
             "origin": json.loads(run.get("origin") or "{}"),
         }
         told = (messages.with_approval(output, approval) if approval else output) + note
+        outcome = "in_doubt" if in_doubt else "executed" if ok else "failed"
         res = await self.scripts.complete_call(
-            run_id, turn, fence, cid, told, json.dumps(event)[:-1]
+            run_id, turn, fence, cid, told, json.dumps(event)[:-1], gate_id=gate_id, outcome=outcome
         )
         if res is CompleteOutcome.LOST:
             log.warning(

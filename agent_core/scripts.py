@@ -305,21 +305,48 @@ class Scripts(ScriptSet):
         )
         return self._claim_of(res), reached
 
+    def _audit_keys(self, shard: int) -> list[str]:
+        """A shard's audit trail: its stream and its head."""
+        return [self.keys.audit(shard), self.keys.audit_head(shard)]
+
     async def complete_call(
-        self, run_id: str, turn: int, fence: str, call_id: str, result: str, event: str
+        self,
+        run_id: str,
+        turn: int,
+        fence: str,
+        call_id: str,
+        result: str,
+        event: str,
+        *,
+        gate_id: str | None = None,
+        outcome: str = "executed",
     ) -> CompleteOutcome:
         """COMPLETE_CALL: a claimed call's result; ``event`` is tool.executed's data JSON
-        without its closing brace."""
+        without its closing brace. A gated call's ``outcome`` (executed | failed | in_doubt)
+        goes to the audit trail with it."""
         k = self.keys
-        keys = [k.run(run_id), k.turn(run_id, turn), k.events(k.shard_of(run_id))]
-        res = await self._run("complete_call", keys, [fence, call_id, result, event])
+        shard = k.shard_of(run_id)
+        keys = [k.run(run_id), k.turn(run_id, turn), k.events(shard), *self._audit_keys(shard)]
+        if gate_id:
+            keys.append(k.gate(gate_id))
+        res = await self._run("complete_call", keys, [fence, call_id, result, event, outcome])
         return CompleteOutcome(text(res))
 
     async def settle_call(
-        self, run_id: str, turn: int, fence: str, call_id: str, result: str
+        self,
+        run_id: str,
+        turn: int,
+        fence: str,
+        call_id: str,
+        result: str,
+        *,
+        gate_id: str | None = None,
     ) -> SettleOutcome:
-        """SETTLE_CALL: the result of a call that will not run."""
+        """SETTLE_CALL: the result of a call that will not run; ``gate_id`` for an approved
+        call (its ``not_run`` audit entry)."""
         keys = [self.keys.run(run_id), self.keys.turn(run_id, turn)]
+        if gate_id:
+            keys += [*self._audit_keys(self.keys.shard_of(run_id)), self.keys.gate(gate_id)]
         res = await self._run("settle_call", keys, [fence, turn, call_id, result])
         return SettleOutcome(text(res))
 
@@ -336,6 +363,7 @@ class Scripts(ScriptSet):
             k.deadlines(shard),
             k.events(shard),
             k.run_gates(run_id),
+            *self._audit_keys(shard),
             *(k.gate(g.gate_id) for g in gates),
             k.nudges(shard),
         ]
@@ -360,7 +388,7 @@ class Scripts(ScriptSet):
         k = self.keys
         shard = k.shard_of(gate_id)
         keys = [k.gate(gate_id), k.run(run_id), k.deadlines(shard), k.jobs(shard), k.events(shard)]
-        keys.append(k.nudges(shard))
+        keys += [k.nudges(shard), *self._audit_keys(shard)]
         mine = json.dumps(list(groups)) if groups else ""
         args = [
             gate_id,
@@ -434,7 +462,7 @@ class Scripts(ScriptSet):
         (``"escalate"``) once, while it is pending (see :mod:`agent_core.nudges`)."""
         k = self.keys
         shard = k.shard_of(gate_id)
-        keys = [k.gate(gate_id), k.nudges(shard), k.events(shard)]
+        keys = [k.gate(gate_id), k.nudges(shard), k.events(shard), *self._audit_keys(shard)]
         res = await self._run("fire_nudge", keys, [gate_id, step])
         return Nudged(NudgeOutcome(text(res[0])), pairs(res[1]) if len(res) > 1 else None)
 
@@ -538,6 +566,7 @@ class Scripts(ScriptSet):
             k.active(shard),
             *self._parent_keys(run_id, family),
             k.turn(run_id, turn),
+            *self._audit_keys(shard),
             *(k.gate(g) for g in gate_ids),
         ]
 
@@ -589,11 +618,18 @@ class Scripts(ScriptSet):
             k.active(shard),
             k.turn(run_id, turn),
             *self._parent_keys(run_id, family),
+            *self._audit_keys(shard),
             *(k.gate(g) for g in gate_ids),
         ]
         args = [by, reason, run_id, turn, told, attempt, *gate_ids]
         res = await self._run("cancel_run", keys, args)
         return Cancelled(CancelOutcome(res[0]), text(res[1]) if len(res) > 1 else "")
+
+    # --- the audit trail ------------------------------------------------------------------
+    async def trim_audit(self, shard: int, cut: str, limit: int = 1000) -> int:
+        """TRIM_AUDIT: remove up to ``limit`` of a shard's audit entries older than the
+        stream id ``cut``, the chain still verifiable; how many went."""
+        return int(await self._run("trim_audit", self._audit_keys(shard), [cut, limit]))
 
     # --- deployment ------------------------------------------------------------------------
     async def announce_worker(

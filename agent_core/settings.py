@@ -232,6 +232,15 @@ class Settings(BaseSettings):
         ge=0,
         description="the seconds a finished run is kept; 0 keeps it forever",
     )
+    audit_retention: float = Field(
+        400 * 86400,
+        validation_alias="AUDIT_RETENTION",
+        ge=0,
+        description=(
+            "the seconds an audit trail entry is kept, whatever RUN_RETENTION says; 0 keeps "
+            "them forever"
+        ),
+    )
     events_maxlen: int = Field(
         1_000_000,
         validation_alias="EVENTS_MAXLEN",

@@ -23,7 +23,7 @@ from openai import AsyncOpenAI
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from . import layout, metrics, presence
+from . import audit, layout, metrics, presence
 from .agent import Agent
 from .connections import reachable_redis
 from .exceptions import ConfigError, GateNotFound, LeaseLost
@@ -452,8 +452,8 @@ class Worker:
                 await asyncio.wait_for(self.stopping.wait(), timeout=max(wait, 0.005))
 
     async def housekeeping(self) -> None:
-        """Announce this worker, repair stuck runs, trim what every group has read, forget
-        dead consumers."""
+        """Announce this worker, repair stuck runs, trim what every group has read and the
+        audit trail past AUDIT_RETENTION, forget dead consumers."""
         await presence.announce_worker(self)
         for run_id in await self.gateway.repair_stuck(self.settings.stuck_run_after):
             log.warning(
@@ -462,6 +462,7 @@ class Worker:
                 run_id,
                 self.settings.stuck_run_after,
             )
+        await audit.trim(self.scripts, self.settings.audit_retention)
         for shard in self.keys.all_shards():
             await trim_events(self.redis, self.keys.events(shard), self.settings.events_maxlen)
             for stream in (self.keys.events(shard), self.keys.jobs(shard)):

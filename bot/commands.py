@@ -29,7 +29,7 @@ from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from agent_core.exceptions import ChildRunSettled, InvalidState, RunNotFound
 from agent_core.models import Gate, Run, RunStatus
 
-from . import cards, run_cards
+from . import audit_view, cards, run_cards
 from .acking import at_ack
 from .context import BotContext
 from .directory import NO_TASK, AgentEntry
@@ -45,6 +45,8 @@ START_DEADLINE_SECONDS = 30.0
 TRIGGER_SECONDS = 600
 _CANCEL = re.compile(r"^cancel\s+(\S+)\s*$", re.IGNORECASE)
 _RETRY = re.compile(r"^retry\s+(\S+)\s*$", re.IGNORECASE)
+# A tool's name or a person: one word (a longer text starting with "audit" is a task).
+_AUDIT = re.compile(r"^audit(?:\s+(\S+))?\s*$", re.IGNORECASE)
 
 NOT_RECORDED_YET = (
     "⏳ Your task has not been recorded yet: the agent backend is slow to answer. I will "
@@ -170,6 +172,13 @@ class Commands:
         m = _RETRY.match(text)
         if m:
             await self.retry(user_id, m.group(1), respond, external=external)
+            return
+        m = _AUDIT.match(text)
+        if m:  # approvers only, privately (bot.audit_view)
+            arg = m.group(1) or ""
+            await _reply(
+                respond, await audit_view.audit_reply(self.ctx, user_id, arg, external=external)
+            )
             return
         route = self.ctx.agents.route(parse_task(text))
         await self.start(body, user_id, route.task, respond, started, progress, agent=route.agent)
@@ -418,7 +427,10 @@ def _limit() -> str:
 def _starts_a_task(text: str) -> bool:
     stripped = text.strip()
     return (
-        stripped.lower() != "status" and not _CANCEL.match(stripped) and not _RETRY.match(stripped)
+        stripped.lower() != "status"
+        and not _CANCEL.match(stripped)
+        and not _RETRY.match(stripped)
+        and not _AUDIT.match(stripped)
     )
 
 

@@ -42,6 +42,13 @@ def old_worker(
         return Worker(redis, agent, client, settings), client
 
 
+async def forget_audit_trail(redis: Redis, old: Keys) -> None:
+    """Delete the audit trail this version's scripts kept under the old layout's names: the
+    previous version kept none (the key names are not the only difference there)."""
+    for shard in old.all_shards():
+        await redis.delete(old.audit(shard), old.audit_head(shard))
+
+
 async def paused_old_deployment(
     redis: Redis,
     agent: Agent,
@@ -75,6 +82,7 @@ async def paused_old_deployment(
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, 15)
         await client.close()
+    await forget_audit_trail(redis, old)
     return deployment
 
 
@@ -162,6 +170,7 @@ async def live_state_and_old_writes(
     assert {old.keys.shard_of(r) for r in old.gates} == {shard}
     old_gateway = Gateway(redis, old.keys, agent_name=agent.name)
     assert (await old_gateway.decide(old.gates[old_approved], "approve", by="U2")).applied
+    await forget_audit_trail(redis, old.keys)
     return LiveState(
         keys, shard, runs["7"], runs["8"], gate.gate_id, deadline, old, old_approved, old_waiting
     )

@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = {
-    "agent_core": {"bot", "playground", "tests"},
+    "agent_core": {"agent_audit", "bot", "playground", "tests"},
+    "agent_audit": {"bot", "playground", "tests"},
     "bot": {"playground", "tests"},
     "playground": {"tests"},
 }

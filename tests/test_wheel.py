@@ -41,7 +41,7 @@ from tests.redis_server import RedisServer, free_port
 pytestmark = pytest.mark.timeout(300)
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ["agent-web", "agent-worker", "playground"]
+COMMANDS = ["agent-audit", "agent-web", "agent-worker", "playground"]
 READY = re.compile(r"open (http://127\.0\.0\.1:\d+) in your browser")
 TOKEN_META = re.compile(r'<meta name="playground-token" content="([^"]+)">')
 
@@ -143,7 +143,7 @@ def test_the_distribution_holds_what_users_need(installed: Installed) -> None:
         names = set(whl.namelist())
         meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
         meta = whl.read(meta_name).decode()
-    for package in ("agent_core", "agent_mcp", "bot", "playground"):
+    for package in ("agent_core", "agent_audit", "agent_mcp", "bot", "playground"):
         assert f"{package}/py.typed" in names
     assert {"bot/manifest.yml", "playground/static/index.html", "playground/static/app.js"} <= names
     # The one fake Slack Web API ships (the playground serves it); the tests' doubles do not.

@@ -4,8 +4,8 @@
 -- (invariant 11).
 -- KEYS: run_key, deadlines_key, events_key, run_gates_key, finished_key, active_key,
 --   turn_key (the current turn's hash), parent_key, parent_turn_key, jobs_key (as in
---   FAIL_RUN), then every gate hash of the run (the members of run_gates_key, in ARGV
---   order)
+--   FAIL_RUN), audit_key, audit_head_key (the shard's audit trail), then every gate hash of
+--   the run (the members of run_gates_key, in ARGV order)
 -- ARGV: by, reason, run_id, turn (the current turn: guard), told (what the parent's model
 --   is told; '' for a run without parent), attempt (recorded as `cancel_attempt`), then
 --   the gate ids
@@ -16,11 +16,13 @@ local run_key, deadlines_key, events_key, run_gates_key, finished_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local active_key, turn_key, parent_key, parent_turn_key, jobs_key =
   KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local audit_key, audit_head_key = KEYS[11], KEYS[12]
 local by, reason, run_id, turn, told, attempt = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 --!include finished.lua
 --!include close_gate.lua
 --!include report_child.lua
 --!include json_list.lua
+--!include audit.lua
 local st = redis.call('HGET', run_key, 'status')
 if not st then return {'missing'} end
 if finished(st) then
@@ -30,7 +32,7 @@ if finished(st) then
   end
   return {'finished', st}
 end
-if redis.call('SCARD', run_gates_key) ~= #KEYS - 10
+if redis.call('SCARD', run_gates_key) ~= #KEYS - 12
   or (redis.call('HGET', run_key, 'turn') or '0') ~= turn then
   return {'retry'}
 end
@@ -38,11 +40,12 @@ local t = redis.call('TIME')
 local nowstr = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
 local origin = redis.call('HGET', run_key, 'origin') or '{}'
 local never, running = {}, {}
-for i = 11, #KEYS do
-  local gid = ARGV[i - 4]
+for i = 13, #KEYS do
+  local gid = ARGV[i - 6]
   local gs = redis.call('HGET', KEYS[i], 'status')
   if gs == 'pending' then
     close_gate(KEYS[i], gid, deadlines_key, events_key, run_id, by, reason, nowstr, origin, '', {})
+    audit(audit_key, audit_head_key, 'closed', KEYS[i], {by = by, reason = reason, at = nowstr})
   elseif gs == 'approved' then
     local g = redis.call('HMGET', KEYS[i], 'turn', 'call_id')
     if g[1] == turn then
@@ -51,6 +54,7 @@ for i = 11, #KEYS do
         running[#running + 1] = gid
       elseif cs ~= 'done' then
         never[#never + 1] = gid
+        audit(audit_key, audit_head_key, 'not_run', KEYS[i], {by = by, at = nowstr})
       end
     end
   end

@@ -5,7 +5,8 @@
 -- again, not that it was decided already (by itself), and writes the attempt again (a WAIT
 -- after it covers it).
 -- KEYS: gate_key, run_key, deadlines_key, jobs_key, events_key, nudges_key (its pending
---   reminder and escalation are removed with the deadline)
+--   reminder and escalation are removed with the deadline), audit_key, audit_head_key (the
+--   shard's audit trail: a decision, and each approval only counted, is recorded)
 -- ARGV: gate_id, status (approved|denied|expired), by, reason, attempt (the decider's
 --   attempt id, '' for none: made once, kept across retries), run_id (must match the
 --   gate's), seen_hash (the arguments hash the decider saw; '' when not given: the gate's
@@ -21,8 +22,9 @@
 --   | mismatch (seen_hash is not the gate's: nothing decided); the last three carry no hash.
 local gate_key, run_key, deadlines_key, jobs_key, events_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local nudges_key = KEYS[6]
+local nudges_key, audit_key, audit_head_key = KEYS[6], KEYS[7], KEYS[8]
 --!include nudges.lua
+--!include audit.lua
 local gate_id, wanted, decider, why, attempt, run_id, seen_hash, mine, self_ok =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8] or '', ARGV[9] or '1'
 --!include quorum.lua
@@ -61,6 +63,8 @@ if status == 'approved' then
   end
   local q = count_approval(gate_key, run_key, events_key, gate_id, run_id, decider, attempt,
     seen_hash ~= '' and seen_hash or ahash, mine, reason, nowstr)
+  if q and q[3] then audit(audit_key, audit_head_key, 'counted', gate_key,
+    {by = decider, reason = reason, at = nowstr, group = q[3]}) end
   if q then return {q[1], redis.call('HGETALL', gate_key), q[2]} end
 end
 local seen = ''
@@ -81,6 +85,7 @@ local data = '{"gate_id":' .. cjson.encode(gate_id) .. ',"run_id":' .. cjson.enc
   .. ',"reason":' .. cjson.encode(reason) .. ',"decided_at":' .. nowstr .. edit_data
   .. ',"origin":' .. origin .. '}'
 redis.call('XADD', events_key, '*', 'type', 'gate.decided', 'run_id', run_id, 'data', data)
+audit(audit_key, audit_head_key, status, gate_key, {by = by, reason = reason, at = nowstr})
 local pending = redis.call('HINCRBY', run_key, 'pending', -1)
 local rs = redis.call('HGET', run_key, 'status')
 -- An extra resume job is harmless (it finds nothing to do); a missing one hangs the run.

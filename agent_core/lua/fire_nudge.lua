@@ -3,14 +3,16 @@
 -- entry and appends gate.reminded (or gate.escalated) to the shard's events stream, all at
 -- once. Whatever else it finds, the entry is dropped and nothing fires: a second sweeper (or
 -- a retry) finds no entry, and a decided, closed or purged gate is never nudged.
--- KEYS: gate_key, nudges_key, events_key
+-- KEYS: gate_key, nudges_key, events_key, audit_key, audit_head_key (the shard's audit trail)
 -- ARGV: gate_id, step ('remind' | 'escalate')
 -- Returns: {outcome, gate hash as a flat list when fired}; outcome is fired | gone (no
 --   entry: fired already, or removed by a decision) | not_due | not_pending | late (past
 --   the deadline: the expiry comes next).
 local gate_key, nudges_key, events_key = KEYS[1], KEYS[2], KEYS[3]
+local audit_key, audit_head_key = KEYS[4], KEYS[5]
 local gate_id, step = ARGV[1], ARGV[2]
 --!include clock.lua
+--!include audit.lua
 if step ~= 'remind' and step ~= 'escalate' then
   return redis.error_reply('FIRE_NUDGE: bad step')
 end
@@ -35,4 +37,6 @@ local data = '{"gate_id":' .. cjson.encode(gate_id) .. ',"run_id":' .. cjson.enc
   .. ',"escalate_to":' .. (g[5] or '[]') .. ',"origin":' .. (g[6] or '{}') .. '}'
 local kind = (step == 'remind') and 'gate.reminded' or 'gate.escalated'
 redis.call('XADD', events_key, '*', 'type', kind, 'run_id', g[1], 'data', data)
+audit(audit_key, audit_head_key, (step == 'remind') and 'reminded' or 'escalated', gate_key,
+  {at = nowstr, to = (step == 'escalate') and (g[5] or '[]') or nil})
 return {'fired', redis.call('HGETALL', gate_key)}

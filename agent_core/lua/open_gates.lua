@@ -3,8 +3,9 @@
 -- exists or a call that no longer needs one means the caller's view is stale, and nothing
 -- is written. A gate an approver rule decided (agent_core.approvers) is opened decided, with
 -- both its events; when every gate of the turn is decided so, the run does not pause.
--- KEYS: run_key, turn_key, deadlines_key, events_key, run_gates_key, then one gate hash per
---   gate, in ARGV order, then nudges_key (the shard's reminders and escalations)
+-- KEYS: run_key, turn_key, deadlines_key, events_key, run_gates_key, audit_key,
+--   audit_head_key (the shard's audit trail), then one gate hash per gate, in ARGV order,
+--   then nudges_key (the shard's reminders and escalations)
 -- ARGV: fence, turn (guard), then per gate 5 values: gate id, timeout in seconds, gate
 --   fields (flat JSON object of strings, among them `index`: the call's position in the
 --   turn, by which gates are listed, and `status`), gate.opened event data JSON without its
@@ -15,13 +16,15 @@
 --   that turn's gates (the first reply lost) gets the first run's answer again.
 local run_key, turn_key, deadlines_key, events_key, run_gates_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local audit_key, audit_head_key = KEYS[6], KEYS[7]
 local fence, turn = ARGV[1], ARGV[2]
 --!include clock.lua
 --!include lease.lua
 --!include steps.lua
 --!include nudges.lua
+--!include audit.lua
 local n = (#ARGV - 2) / 5
-if n < 1 or n ~= math.floor(n) or #KEYS ~= 6 + n then
+if n < 1 or n ~= math.floor(n) or #KEYS ~= 8 + n then
   return redis.error_reply('OPEN_GATES: bad arguments')
 end
 local nudges_key = KEYS[#KEYS]
@@ -39,7 +42,7 @@ local all = {}
 for i = 1, n do
   local base = 2 + (i - 1) * 5
   local fields = cjson.decode(ARGV[base + 3])
-  if redis.call('EXISTS', KEYS[5 + i]) == 1
+  if redis.call('EXISTS', KEYS[7 + i]) == 1
     or redis.call('HGET', turn_key, 'state:' .. fields['call_id']) ~= 'needs_gate' then
     return {ok = 'stale'}
   end
@@ -52,7 +55,7 @@ local pending = 0
 done_step(run_key, fence, 'open:' .. turn)
 for i = 1, n do
   local base = 2 + (i - 1) * 5
-  local gate_key = KEYS[5 + i]
+  local gate_key = KEYS[7 + i]
   local gid = ARGV[base + 1]
   local decided = ARGV[base + 5] ~= ''
   local deadline = string.format('%.6f', tnow + tonumber(ARGV[base + 2]))
@@ -72,6 +75,7 @@ for i = 1, n do
     schedule_nudges(gate_key, nudges_key, gid, tnow, fields, tonumber(ARGV[base + 2]))
     pending = pending + 1
   end
+  audit_opened(audit_key, audit_head_key, gate_key, fields, decided, nowstr)
   redis.call('SADD', run_gates_key, gid)
   redis.call('HSET', turn_key, 'state:' .. fields['call_id'], 'gated', 'gate:' .. fields['call_id'], gid)
   redis.call('XADD', events_key, '*', 'type', 'gate.opened', 'run_id', run_id, 'data',

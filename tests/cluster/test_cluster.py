@@ -22,7 +22,7 @@ import redis.exceptions as redis_errors
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from agent_core import Gateway, Keys, Run, RunStatus, Settings
+from agent_core import Gateway, Keys, Run, RunStatus, Settings, audit
 from agent_core.connections import connect_redis
 from agent_core.streams import is_cluster
 from agent_core.testing import FakeOpenAI, call, reply
@@ -226,6 +226,19 @@ async def test_the_gate_promises_hold_on_the_cluster(
     ran = Counter(read_journal(str(journal)))
     expected = {f"delete_user:{tasks[r.task]}" for r in runs if r.run_id in approved}
     assert set(ran) == expected and set(ran.values()) <= {1}
+    # The audit trail, one stream per shard over the masters: one decision per gate, one
+    # outcome per approved call, every chain whole.
+    kinds: Counter[tuple[str, str]] = Counter()
+    for shard in node.keys.all_shards():
+        async for e in audit.entries(gw.redis, node.keys, shard):
+            kinds[(e.get("gate_id"), e.kind)] += 1
+    for g in gates:
+        ran_here = g.run_id in approved
+        decided = "approved" if ran_here else "denied"
+        assert kinds[(g.gate_id, decided)] == 1 and kinds[(g.gate_id, "opened")] == 1
+        assert kinds[(g.gate_id, "executed")] == (1 if ran_here else 0)
+    for shard in node.keys.all_shards():
+        assert (await audit.verify_shard(gw.redis, node.keys, shard)).problems == []
 
 
 async def test_gates_expire_on_every_shard(

@@ -3,7 +3,8 @@
 -- {by, at, hash, group, reason, attempt}). count_approval records one approval and answers
 -- nil when it completes the quorum (the caller then decides the gate approved), else
 -- {outcome, code}: {'counted', ''} (recorded, the gate stays pending; gate.approval is
--- announced) or {'refused', why} with why = again (this person approved already) | group
+-- announced; a third value, the approval's group, says it was recorded now) or
+-- {'refused', why} with why = again (this person approved already) | group
 -- (the decider's groups have all approved already) | not_member (in none of its groups).
 -- A retry of an attempt already counted is answered {'counted', ''} again, and writes nothing.
 -- `mine` is a JSON list of the quorum's groups the decider belongs to ('' for none).
@@ -61,7 +62,7 @@ local function count_approval(gate_key, run_key, events_key, gate_id, run_id, de
     .. ',"count":' .. have .. ',"needed":' .. need .. ',"at":' .. nowstr
     .. ',"origin":' .. origin .. '}'
   redis.call('XADD', events_key, '*', 'type', 'gate.approval', 'run_id', run_id, 'data', data)
-  return {'counted', ''}
+  return {'counted', '', group}
 end
 
 -- A requester approving a call (refused unless self-approval is allowed: self_ok '1').

@@ -1,0 +1,5 @@
+"""``python -m agent_audit``: the ``agent-audit`` command."""
+
+from .cli import main
+
+main()
