@@ -85,7 +85,9 @@ local data = '{"gate_id":' .. cjson.encode(gate_id) .. ',"run_id":' .. cjson.enc
   .. ',"reason":' .. cjson.encode(reason) .. ',"decided_at":' .. nowstr .. edit_data
   .. ',"origin":' .. origin .. '}'
 redis.call('XADD', events_key, '*', 'type', 'gate.decided', 'run_id', run_id, 'data', data)
-audit(audit_key, audit_head_key, status, gate_key, {by = by, reason = reason, at = nowstr})
+local entry = {by = by, reason = reason, at = nowstr}
+if edit_data ~= '' then entry['edited_hash'] = edited_hash end  -- args_hash: the original
+audit(audit_key, audit_head_key, status, gate_key, entry)
 local pending = redis.call('HINCRBY', run_key, 'pending', -1)
 local rs = redis.call('HGET', run_key, 'status')
 -- An extra resume job is harmless (it finds nothing to do); a missing one hangs the run.

@@ -19,10 +19,11 @@ from agent_core import (
     approve_edited,
     tool,
 )
+from agent_core.audit import entries
 from agent_core.editing import changes, check_args
 from agent_core.gating import args_hash
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
-from tests.agents import editing, read_journal
+from tests.agents import editing, read_journal, told_exactly
 from tests.core.harness import Harness
 from tests.core.workers import WorkerProcess, wait_journal
 
@@ -40,13 +41,6 @@ ORIGINAL = {
 @pytest.fixture
 async def h(agent_harness: Callable[[Agent], Harness]) -> Harness:
     return agent_harness(editing)
-
-
-def told_exactly(text: str) -> Callable[[list[dict[str, Any]]], None]:
-    def check(messages: list[dict[str, Any]]) -> None:
-        assert tool_messages(messages)[-1]["content"] == text
-
-    return check
 
 
 def canon(args: dict[str, Any]) -> str:
@@ -92,6 +86,13 @@ async def test_an_edit_changes_what_runs_and_what_the_model_reads(
     done = await h.wait_finished(run_id)
     assert (done.status, done.final) == (RunStatus.COMPLETED, "refunded")
     assert read_journal(str(journal)) == ["refund_order:A-7:2500:late:True"]
+    # The audit trail records the approval with both hashes.
+    shard = h.keys.shard_of(gid)
+    trail = [e async for e in entries(h.redis, h.keys, shard) if e.get("gate_id") == gid]
+    assert [e.kind for e in trail] == ["opened", "approved", "executed"]
+    approved = trail[1]
+    assert (approved.get("by"), approved.get("args_hash")) == ("U2", g.args_hash)
+    assert approved.get("edited_hash") == g.edited_hash
 
 
 async def test_an_invalid_edit_is_refused_per_field_and_decides_nothing(
