@@ -21,6 +21,7 @@ from .exceptions import (
     ToolError,
 )
 from .gateway import Gateway
+from .grants import Grant, GrantResult, Grants
 from .keys import Keys
 from .models import (
     ContinueOutcome,
@@ -64,6 +65,9 @@ __all__ = [
     "GateStatus",
     "Gateway",
     "GatewayError",
+    "Grant",
+    "GrantResult",
+    "Grants",
     "InvalidState",
     "Keys",
     "LeaseLost",

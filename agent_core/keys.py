@@ -265,3 +265,14 @@ class Keys:
         """Sorted set: a shard's pending reminders and escalations, ``remind:<gate id>`` and
         ``escalate:<gate id>``, scored by when they are due (unix seconds)."""
         return f"{self.tag(shard)}:nudges"
+
+    # --- grants: "allow for this thread" (agent_core.grants) ---------------------------
+    def grants(self, run_id: str) -> str:
+        """Hash: the grants of the thread whose top run is ``run_id``, grant id → its record
+        (JSON); deleted with the run."""
+        return f"{self._run_base(run_id)}:grants"
+
+    def live_grants(self, shard: int) -> str:
+        """Sorted set: a shard's unrevoked grant ids scored by when they expire (unix
+        seconds), for listing them (``/agent grants``)."""
+        return f"{self.tag(shard)}:grants"

@@ -62,6 +62,8 @@ class EventType(str, Enum):
     GATE_REMINDED = "gate.reminded"  # its approvers were reminded (agent_core.nudges)
     GATE_ESCALATED = "gate.escalated"  # its escalate_to may decide it too from now on
     GATE_APPROVAL = "gate.approval"  # one approval counted; the gate needs more (quorum)
+    GRANT_CREATED = "grant.created"  # an approval allowed its tool in the thread (grants)
+    GRANT_REVOKED = "grant.revoked"  # a grant was ended before its expiry
 
 
 class ContinueOutcome(str, Enum):
@@ -174,6 +176,14 @@ class Gate(BaseModel):
     # APPROVERS) and the channel its card goes to (empty: the task's thread).
     approvers: list[str] = Field(default_factory=list)
     approval_channel: str = ""
+    # Allow for this thread (agent_core.grants): how long a grant made with its approval
+    # lasts (None: its tool allows none); the grant that decided it, its granter and end;
+    # the grant its own approval made.
+    allow_for: float | None = None
+    grant_id: str = ""
+    granted_by: str = ""
+    grant_until: float | None = None
+    granted: str = ""
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Gate:
@@ -212,6 +222,11 @@ class Gate(BaseModel):
             approvals=approvals_of(h.get("approvals")),
             approvers=_str_list(h.get("approvers")),
             approval_channel=h.get("approval_channel") or "",
+            allow_for=_opt_float(h.get("allow_for")),
+            grant_id=h.get("grant_id") or "",
+            granted_by=h.get("granted_by") or "",
+            grant_until=_opt_float(h.get("grant_until")),
+            granted=h.get("granted") or "",
         )
 
     def extra_approvers(self) -> list[str]:

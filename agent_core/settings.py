@@ -303,6 +303,7 @@ class Settings(BaseSettings):
             return ",".join(ids(v, "ESCALATE_TO") or ())
         except ValueError as exc:
             raise ValueError(str(exc).removeprefix("ESCALATE_TO: ")) from None
+
     @field_validator("approval_routes_spec")
     @classmethod
     def _routes(cls, v: str | None) -> str | None:

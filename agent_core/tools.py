@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .exceptions import ToolArgumentsError, ToolDefinitionError
 from .nudges import Nudges, Seconds
+from .nudges import seconds as _seconds
 from .quorum import ApprovalsOption, check_approvals
 from .routes import ApproverIds, approver_ids, channel_id
 
@@ -27,6 +28,20 @@ MAX_DESCRIPTION_CHARS = 1024
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
 _ARG_LINE = re.compile(r"^(\s+)(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+def allow_for_option(value: Seconds | None, approvals: ApprovalsOption, where: str) -> float | None:
+    """``allow_for=`` in seconds (None or 0: off); ValueError, one line naming ``where``, for a
+    bad value or one combined with a quorum (a grant is one person's decision)."""
+    seconds = _seconds(value, f"{where}: allow_for")
+    if not seconds:
+        return None
+    if approvals is not None and approvals != 1:
+        raise ValueError(
+            f"{where}: allow_for cannot be combined with approvals={approvals!r} (a grant is "
+            "one person's decision; a call that needs several approvers is never granted)"
+        )
+    return seconds
 
 
 def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
@@ -81,6 +96,9 @@ class Tool:
     # channel its cards go to (empty: the agent's, else the task's thread).
     approvers: tuple[str, ...] = ()
     approval_channel: str = ""
+    # Seconds a grant made with an approval lasts ("allow for this thread", agent_core.grants;
+    # None: no grants).
+    allow_for: float | None = None
 
     @classmethod
     def from_function(
@@ -97,6 +115,7 @@ class Tool:
         approvals: ApprovalsOption = None,
         approvers: ApproverIds = None,
         approval_channel: str | None = None,
+        allow_for: Seconds | None = None,
     ) -> Tool:
         """Describe ``fn`` as a tool (see :func:`tool`)."""
         if not callable(fn):
@@ -114,6 +133,7 @@ class Tool:
             approvals = check_approvals(approvals, f"tool {tool_name}")
             ids = approver_ids(approvers, f"tool {tool_name}: approvers")
             channel = channel_id(approval_channel, f"tool {tool_name}: approval_channel")
+            grant_for = allow_for_option(allow_for, approvals, f"tool {tool_name}")
         except ValueError as exc:
             raise ToolDefinitionError(str(exc)) from None
         doc_desc, param_docs = _parse_docstring(inspect.getdoc(fn))
@@ -161,6 +181,7 @@ class Tool:
             approvals=approvals,
             approvers=ids,
             approval_channel=channel,
+            allow_for=grant_for,
         )
 
     def openai_schema(self) -> dict[str, Any]:
@@ -253,6 +274,7 @@ def tool(
     approvals: ApprovalsOption = None,
     approvers: ApproverIds = None,
     approval_channel: str | None = None,
+    allow_for: Seconds | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -270,6 +292,7 @@ def tool(
     approvals: ApprovalsOption = None,
     approvers: ApproverIds = None,
     approval_channel: str | None = None,
+    allow_for: Seconds | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function (sync or async) into a :class:`Tool`.
 
@@ -284,6 +307,9 @@ def tool(
     ``approvers`` (a Slack ID or a list: users, user groups, ``*``) replace the agent's
     approvers and APPROVERS for this tool's calls; ``approval_channel`` (a channel ID) is where
     their cards are posted, with one line in the task's thread (see :mod:`agent_core.routes`).
+    ``allow_for`` (seconds or a timedelta, off when unset) lets an approver **approve and
+    allow** the tool in the thread for that long: later matching calls are approved by the
+    grant (see :mod:`agent_core.grants`); it cannot be combined with ``approvals`` above 1.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -299,6 +325,7 @@ def tool(
             approvals=approvals,
             approvers=approvers,
             approval_channel=approval_channel,
+            allow_for=allow_for,
         )
 
     if fn is not None:

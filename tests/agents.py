@@ -301,6 +301,8 @@ def quorum_model(messages: list[dict[str, Any]]) -> Step:
     if last.get("role") == "tool":
         return reply(str(last.get("content")))
     return call("wire", {"amount": 500})
+
+
 # --- approval channels: routes of tools and agents (agent_core.routes) ----------------------
 FINANCE_CHANNEL = "C0FINANCE"
 FINANCE_GROUP = "S0FINANCE"
@@ -320,3 +322,36 @@ finance = Agent(
     # delete_user has no route of its own: the agent's approvers decide it, in the thread.
     approver_ids=["U0BOSS"],
 )
+
+
+# --- allow for this thread (agent_core.grants) ----------------------------------------------
+@tool(requires_approval=True, allow_for=3600)
+def ship(env: str, version: int = 1) -> str:
+    """Ship a version to an environment (an approver may allow it in the thread for 1 h)."""
+    journal(f"ship:{env}:{version}")
+    return f"shipped {version} to {env}"
+
+
+@tool(requires_approval=True, allow_for=3600)
+def flush(cache: str) -> str:
+    """Flush a cache (grants allowed too)."""
+    journal(f"flush:{cache}")
+    return f"{cache} flushed"
+
+
+shipping = Agent(
+    name="shipping",
+    instructions="You ship releases.",
+    tools=[ship, flush, lookup],
+)
+
+
+def shipping_model(messages: list[dict[str, Any]]) -> Step:
+    """A scripted model for the ``shipping`` agent (the playground's browser tests): each user
+    message ships the version it names to staging, then answers with the tool message."""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return reply(str(last.get("content")))
+    words = str(last.get("content") or "").split()
+    version = next((int(w) for w in words if w.isdigit()), 1)
+    return call("ship", {"env": "staging", "version": version})
