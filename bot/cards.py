@@ -316,15 +316,17 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
         )
     blocks.append(context(" · ".join(notes)))
     # More than one approver (bot/quorum_view.py): progress while pending, every approver after.
-    from . import quorum_view  # it builds on this module's helpers
+    from . import grant_view, quorum_view  # they build on this module's helpers
 
     line = quorum_view.outcome_line(gate) or outcome_line(gate) + quorum_view.after_line(gate)
+    line = grant_view.outcome_line(gate) or line + grant_view.after_line(gate)
     blocks.append(section(line))
     blocks.extend(nudge_blocks(gate))
     blocks.extend(result_blocks(gate, result, limit=text_limit if compact else RESULT_LIMIT))
     if pending:
         buttons = [
             button("Approve", APPROVE_ACTION, button_value(gate), style="primary"),
+            *grant_view.buttons(gate),  # Approve & allow (bot/grant_view.py)
             button("Deny", DENY_ACTION, button_value(gate), style="danger"),
         ]
         if shown < len(raw):

@@ -182,5 +182,6 @@ def usage(command: str = "/agent") -> str:
         f"• `{command} cancel &lt;run id&gt;` — cancel a run (its requester or an approver)\n"
         f"• `{command} retry &lt;run id&gt;` — continue a failed run from its last completed step; "
         "calls that already ran are not run again (its requester or an approver)\n"
+        f"• `{command} grants` — the live grants you may revoke (approvers)\n"
         f"• `{command} help` — this message"
     )
