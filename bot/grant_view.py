@@ -51,9 +51,11 @@ def choices(gate: Gate) -> list[tuple[str, str]]:
     ``only field=value`` for each of the call's simple arguments."""
     out = [(ANY, "any arguments")]
     for name, value in gate.args.items():
+        raw = json.dumps([name, value])
         if constraint_ok(name, value, gate.args) is None and len(out) <= MAX_CHOICES:
-            shown = f"only {name}={json.dumps(value, ensure_ascii=False)}"
-            out.append((json.dumps([name, value]), cards.clip(shown, 75)))
+            if len(raw) <= 150:  # Slack's limit for an option's value
+                shown = f"only {name}={json.dumps(value, ensure_ascii=False)}"
+                out.append((raw, cards.clip(shown, 75)))
     return out
 
 

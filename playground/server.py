@@ -676,6 +676,11 @@ def _view_state(
         action_id = str(element.get("action_id") or "")
         entry = values.get(block_id)
         typed = entry.get(action_id) if isinstance(entry, dict) else None
+        if element.get("type") == "static_select":  # a choice among the element's options
+            state[block_id], missing = _select_state(element, typed, bool(b.get("optional")))
+            if missing:
+                errors[block_id] = "Please fill out this field."
+            continue
         typed = typed.get("value") if isinstance(typed, dict) else None
         value = typed if isinstance(typed, str) and typed.strip() else None
         if value is None and not b.get("optional"):
@@ -690,6 +695,22 @@ def _view_state(
             errors[block_id] = f"Please enter at most {element['max_length']} characters."
         state[block_id] = {action_id: {"type": element.get("type"), "value": value}}
     return state, errors
+
+
+def _select_state(
+    element: dict[str, Any], typed: Any, optional: bool
+) -> tuple[dict[str, Any], bool]:
+    """A static_select's entry of ``view.state.values`` (only one of its own options counts)
+    and whether a required choice is missing."""
+    chosen = typed.get("selected_option") if isinstance(typed, dict) else None
+    value = chosen.get("value") if isinstance(chosen, dict) else None
+    options = list(element.get("options") or [])
+    for group in element.get("option_groups") or []:
+        options += list(group.get("options") or [])
+    match = next((o for o in options if isinstance(o, dict) and o.get("value") == value), None)
+    action_id = str(element.get("action_id") or "")
+    entry = {action_id: {"type": "static_select", "selected_option": match}}
+    return entry, match is None and not optional
 
 
 def bot_events(manifest: str) -> frozenset[str]:
