@@ -355,3 +355,10 @@ def shipping_model(messages: list[dict[str, Any]]) -> Step:
     words = str(last.get("content") or "").split()
     version = next((int(w) for w in words if w.isdigit()), 1)
     return call("ship", {"env": "staging", "version": version})
+
+
+ship_desk = Agent(
+    name="ship_desk",
+    instructions="You delegate releases to the shipping agent.",
+    tools=[lookup, shipping.as_tool(description="Ask the shipping agent")],
+)

@@ -198,3 +198,34 @@ async def test_approve_and_allow_decides_the_threads_next_call_and_revoke_ends_i
     text = await click(sbot, grant_view.REVOKE_ACTION, grant.grant_id, APPROVER2, "revoke")
     assert text.startswith("🔒 Revoked the grant for `ship`")
     assert not (await sbot.gateway.grants.get(grant.grant_id)).live()  # type: ignore[union-attr]
+
+
+async def test_someone_the_call_was_escalated_to_may_approve_it_but_not_grant(
+    fake_slack: FakeSlack,
+) -> None:
+    from types import SimpleNamespace
+
+    from bot.app import make_web_client
+    from bot.approvers import Approvers
+    from bot.grant_actions import NOT_OFFERED, GrantActions
+    from tests.bot.test_approvers import gate as make_gate
+
+    approvers = Approvers([APPROVER], make_web_client(bot_settings(fake_slack)))
+    g = make_gate().model_copy(
+        update={
+            "allow_for": 3600.0,
+            "escalate_to": ["U0ESCALATED"],
+            "escalated_at": 1.0,
+            "args": {"env": "staging"},
+        }
+    )
+    assert await approvers.why_not_decide("U0ESCALATED", g, approve=True) is None
+    grants = GrantActions(SimpleNamespace(approvers=approvers))  # type: ignore[arg-type]
+    assert await grants._why_not(APPROVER, g, False) is None
+    why = await grants._why_not("U0ESCALATED", g, False)
+    assert why == "You are not on the approver list for this agent (APPROVERS)."
+    # A tool without allow_for, or a quorum's call, is never granted.
+    plain = g.model_copy(update={"allow_for": None})
+    assert await grants._why_not(APPROVER, plain, False) == NOT_OFFERED
+    assert grant_view.buttons(plain) == []
+    assert [o for o, _ in grant_view.choices(g)] == ["any", '["env", "staging"]']

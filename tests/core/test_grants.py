@@ -3,6 +3,7 @@ approves the thread's later matching calls at OPEN_GATES, and nothing elsewhere.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -277,3 +278,75 @@ async def test_grants_die_with_the_threads_retention(h: Harness, fake_openai: Fa
     assert await h.redis.exists(h.keys.grants(run_id)) == 0
     assert await h.gateway.grants.get(grant.grant_id) is None
     assert await h.gateway.grants.live() == []
+
+
+async def test_a_grant_in_a_sub_agents_call_decides_its_next_call_in_the_same_thread(
+    agent_harness: Callable[[Agent], Harness], fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    from tests.agents import ship_desk
+
+    h = agent_harness(ship_desk)
+    fake_openai.script(
+        "release twice",
+        [
+            call("shipping", {"task": "ship 1 to staging"}),
+            call("shipping", {"task": "ship 2 to staging"}),
+            reply("both out"),
+        ],
+    )
+    for n in (1, 2):
+        fake_openai.script(
+            f"ship {n} to staging",
+            [call("ship", {"env": "staging", "version": n}), reply(f"shipped {n}")],
+        )
+    run = await h.gateway.start_run("release twice", requested_by="U1")
+    gates: list[Any] = []
+
+    async def nested() -> list[Any]:
+        for _ in range(200):
+            for e in await h.events(block_ms=100):
+                origin = e.data.get("origin") or {}
+                if e.type.value == "gate.opened" and origin.get("parent_run") == run.run_id:
+                    gates.append(e)
+            if gates:
+                return gates
+        raise AssertionError("no nested gate")
+
+    [first] = await nested()
+    made = await _grant(h, first.data["gate_id"])
+    assert made.grant is not None and made.grant.scope == run.run_id  # the thread's top run
+    assert made.grant.agent == "shipping"
+    done = await h.gateway.wait(run.run_id, timeout=20)
+    assert (done.status, done.final) == (RunStatus.COMPLETED, "both out")
+    await h.events(block_ms=100)
+    by_grant = [
+        e
+        for e in h._seen
+        if e.type.value == "gate.decided" and e.data.get("by") == f"grant:{made.grant.grant_id}"
+    ]
+    assert len(by_grant) == 1 and by_grant[0].run_id != first.run_id  # the second child's
+    assert by_grant[0].data["granted_by"] == "U2"
+    assert read_journal(str(journal)) == ["ship:staging:1", "ship:staging:2"]
+
+
+async def test_racing_grants_and_approvals_give_one_decision_and_at_most_one_grant(
+    h: Harness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    run_id, gid = await _first(
+        h, fake_openai, "ship race", call("ship", {"env": "staging", "version": 1}), reply("ok")
+    )
+    gate = await h.gateway.get_gate(gid)
+    assert gate is not None
+    results = await asyncio.gather(
+        _grant(h, gid, by="U2"),
+        _grant(h, gid, by="U3"),
+        h.gateway.decide(gid, "approve", by="U4", args_hash=gate.args_hash),
+    )
+    grants, plain = results[:2], results[2]
+    applied = [r.decision.applied for r in grants if r.decision] + [plain.applied]
+    assert applied.count(True) == 1
+    made = [r.grant for r in grants if r.grant is not None]
+    assert len(made) == (0 if plain.applied else 1)
+    assert await h.redis.hlen(h.keys.grants(run_id)) == len(made)
+    await h.gateway.wait(run_id, timeout=10)
+    assert read_journal(str(journal)) == ["ship:staging:1"]
