@@ -17,7 +17,7 @@ from typing import Any
 from .agent import Agent
 from .approvers import RULE_PREFIX, ApprovalRequest, consult
 from .completions import clean_text
-from .grants import thread_of
+from .grants import allow_for_of, thread_of
 from .models import requesters_of
 from .nudges import Nudges
 from .quorum import quorum_for, rule_approval
@@ -119,8 +119,8 @@ async def open_gates(
         if quorum is not None:  # more than one approver: counted by DECIDE_GATE
             fields.update(quorum=quorum.to_field(), approvals="[]")
             event["quorum"] = quorum.model_dump()
-        elif getattr(t, "allow_for", None):  # an approval may allow it in the thread
-            fields["allow_for"] = event["allow_for"] = f"{t.allow_for:g}"
+        elif grant_for := allow_for_of(agent, t):  # an approval may allow it in the thread
+            fields["allow_for"] = event["allow_for"] = f"{grant_for:g}"
         decided = ""
         verdict = None
         if agent.approvers:

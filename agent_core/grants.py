@@ -34,11 +34,14 @@ from .completions import clean_text
 from .exceptions import ArgsHashMismatch, GateNotFound
 from .keys import Keys
 from .models import DecideResult, Gate
+from .nudges import seconds
 from .script_replies import DecideOutcome, RevokeOutcome
 from .stopping import MAX_REASON_CHARS
 
 if TYPE_CHECKING:
+    from .agent import Agent
     from .gateway import Gateway
+    from .tools import Tool
 
 GRANT_PREFIX = "grant:"
 MAX_GRANTS_PER_THREAD = 100  # revoked and expired ones included: a thread is short-lived
@@ -52,6 +55,13 @@ def scope_of(grant_id: str) -> str | None:
     """The thread (top run id) a grant id belongs to, or None for a malformed id."""
     m = _GRANT_ID.match(grant_id) if isinstance(grant_id, str) else None
     return m.group(1) if m else None
+
+
+def allow_for_of(agent: Agent, tool: Tool) -> float:
+    """How long a grant of ``tool``'s calls by ``agent`` lasts: the tool's ``allow_for``,
+    else the agent's; 0 for none."""
+    own = getattr(tool, "allow_for", None)
+    return seconds(own if own is not None else agent.allow_for, "allow_for") or 0.0
 
 
 async def thread_of(redis: Redis, keys: Keys, run: dict[str, str]) -> str:

@@ -31,11 +31,12 @@ _ARG_LINE = re.compile(r"^(\s+)(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 
 
 def allow_for_option(value: Seconds | None, approvals: ApprovalsOption, where: str) -> float | None:
-    """``allow_for=`` in seconds (None or 0: off); ValueError, one line naming ``where``, for a
-    bad value or one combined with a quorum (a grant is one person's decision)."""
+    """``allow_for=`` in seconds (None: not set here, 0: off); ValueError, one line naming
+    ``where``, for a bad value or one combined with a quorum (a grant is one person's
+    decision)."""
     seconds = _seconds(value, f"{where}: allow_for")
     if not seconds:
-        return None
+        return seconds
     if approvals is not None and approvals != 1:
         raise ValueError(
             f"{where}: allow_for cannot be combined with approvals={approvals!r} (a grant is "
@@ -97,7 +98,7 @@ class Tool:
     approvers: tuple[str, ...] = ()
     approval_channel: str = ""
     # Seconds a grant made with an approval lasts ("allow for this thread", agent_core.grants;
-    # None: no grants).
+    # None: the agent's, 0: no grants).
     allow_for: float | None = None
 
     @classmethod
@@ -307,9 +308,9 @@ def tool(
     ``approvers`` (a Slack ID or a list: users, user groups, ``*``) replace the agent's
     approvers and APPROVERS for this tool's calls; ``approval_channel`` (a channel ID) is where
     their cards are posted, with one line in the task's thread (see :mod:`agent_core.routes`).
-    ``allow_for`` (seconds or a timedelta, off when unset) lets an approver **approve and
-    allow** the tool in the thread for that long: later matching calls are approved by the
-    grant (see :mod:`agent_core.grants`); it cannot be combined with ``approvals`` above 1.
+    ``allow_for`` (seconds or a timedelta; ``None`` follows the agent, ``0`` is off) lets an
+    approver **approve and allow** the tool in the thread for that long: later matching calls
+    are approved by the grant (see :mod:`agent_core.grants`); not with ``approvals`` above 1.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agent_core import Agent, GateStatus, RunStatus, ToolDefinitionError, tool
-from agent_core.grants import grant_note
+from agent_core.grants import allow_for_of, grant_note
 from agent_core.script_replies import RevokeOutcome
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
 from tests.agents import read_journal, shipping
@@ -264,7 +265,15 @@ def test_allow_for_is_refused_with_a_quorum_and_checked() -> None:
     def off(x: int) -> str:
         return ""
 
-    assert off.allow_for is None
+    @tool(requires_approval=True)
+    def unset(x: int) -> str:
+        return ""
+
+    # The agent's allow_for is for the tools that set none; 0 on a tool turns it off.
+    agent = Agent(name="a", instructions="i", tools=[off, unset], allow_for=timedelta(minutes=5))
+    assert (allow_for_of(agent, off), allow_for_of(agent, unset)) == (0.0, 300.0)
+    with pytest.raises(ValueError, match="agent 'b': allow_for cannot be combined"):
+        Agent(name="b", instructions="i", tools=[unset], approvals=2, allow_for=60)
 
 
 async def test_grants_die_with_the_threads_retention(h: Harness, fake_openai: FakeOpenAI) -> None:
