@@ -20,7 +20,11 @@ local function grant_fits(g, fields, tnow, args)
     end
   end
   if (g['field'] or '') ~= '' then
-    local v = args[g['field']]
+    if args[1] == nil then
+      local ok, decoded = pcall(cjson.decode, fields['args'])  -- once, and only when needed
+      args[1] = ok and type(decoded) == 'table' and decoded or {}
+    end
+    local v = args[1][g['field']]
     if type(v) ~= 'string' and type(v) ~= 'number' and type(v) ~= 'boolean' then return false end
     return v == cjson.decode(g['value'])
   end
@@ -30,7 +34,7 @@ end
 local function grant_decides(grants_key, fields, tnow)
   if fields['status'] ~= 'pending' or (fields['quorum'] or '') ~= '' then return nil end
   local best
-  local args = cjson.decode(fields['args'])
+  local args = {}  -- args[1]: the call's arguments, decoded by grant_fits when a grant needs them
   for _, raw in ipairs(redis.call('HVALS', grants_key)) do
     local g = cjson.decode(raw)
     if grant_fits(g, fields, tnow, args)
