@@ -114,6 +114,8 @@ def user(user_id: str | None) -> str:
         return "the system"
     if user_id.startswith("rule:"):  # an approver rule decided (agent_core.approvers)
         return f"the rule `{escape(user_id[5:])}`"
+    if user_id.startswith("grant:"):  # a grant decided (agent_core.grants, bot/grant_view.py)
+        return f"the grant `{escape(user_id[6:])}`"
     return f"<@{escape(user_id)}>"
 
 

@@ -162,6 +162,7 @@ async def test_approve_and_allow_decides_the_threads_next_call_and_revoke_ends_i
     shown = str(msg.blocks)
     assert f"*Allowed* by <@{APPROVER}>'s grant until <!date^" in shown
     assert not [b for b in msg.blocks if b["type"] == "actions"], "no buttons"
+    assert "<@grant:" not in shown
     first = await sbot.wait_card(gate.gate_id, "and allowed")
     assert f"(grant `{later.grant_id}`" in str(first.blocks)
     grant = await sbot.gateway.grants.get(later.grant_id)
