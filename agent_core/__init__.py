@@ -23,6 +23,7 @@ from .exceptions import (
     ToolError,
 )
 from .gateway import Gateway
+from .grants import Grant, GrantResult, Grants
 from .keys import Keys
 from .models import (
     ContinueOutcome,
@@ -67,6 +68,9 @@ __all__ = [
     "Gateway",
     "GatewayError",
     "InvalidEdit",
+    "Grant",
+    "GrantResult",
+    "Grants",
     "InvalidState",
     "Keys",
     "LeaseLost",

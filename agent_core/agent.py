@@ -16,7 +16,7 @@ from .exceptions import ConfigError
 from .nudges import Nudges, Seconds
 from .quorum import ApprovalsOption, check_approvals
 from .routes import ApproverIds, approver_ids, channel_id
-from .tools import Tool
+from .tools import Tool, allow_for_option
 from .toolsets import Toolset
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,9 @@ class Agent:
     approvals: ApprovalsOption = None
     """How many approvers a gated call needs, for tools that set none (see
     :mod:`agent_core.quorum`): a number of distinct people, or user-group IDs."""
+    allow_for: Seconds | None = None
+    """How long an approver may allow a gated call's tool in its thread, for tools that set
+    none (see :mod:`agent_core.grants`; ``0`` or unset: no grants)."""
     approver_ids: ApproverIds = ()
     """Who may decide this agent's calls (Slack IDs: users, user groups, ``*``), instead of
     APPROVERS; a tool's own ``approvers`` replace these (see :mod:`agent_core.routes`)."""
@@ -143,6 +146,7 @@ class Agent:
                     f"agent {self.name!r}: a suggested prompt is a text or (title, message)"
                 )
         self.approvals = check_approvals(self.approvals, f"agent {self.name!r}")
+        self.allow_for = allow_for_option(self.allow_for, self.approvals, f"agent {self.name!r}")
         self.approver_ids = approver_ids(self.approver_ids, f"agent {self.name!r}: approver_ids")
         self.approval_channel = channel_id(
             self.approval_channel, f"agent {self.name!r}: approval_channel"

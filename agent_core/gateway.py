@@ -21,6 +21,7 @@ from .completions import clean_text
 from .deciding import apply_decision
 from .events import EventConsumer
 from .exceptions import ChildRunSettled, GateNotFound, InvalidState, RunNotFound
+from .grants import Grants
 from .keys import Keys
 from .models import ContinueOutcome, DecideResult, Decision, Gate, GateStatus, Run, RunStatus
 from .placement import ShardPicker
@@ -98,6 +99,7 @@ class Gateway:
         self._check_cursor = (0, 0)
         self.placement = ShardPicker(redis, self.keys)
         self.stopper = Stopper(redis, self.keys)
+        self.grants = Grants(self)  # allow for this thread (agent_core.grants)
 
     @classmethod
     async def from_settings(
@@ -693,6 +695,7 @@ class Gateway:
                 authors = {a for a in replies[3 * i + 2] if a} | {requested_by or ""}
                 doomed = [k.run(run_id), k.history(run_id), k.run_gates(run_id)]
                 doomed += [k.run_inbox(run_id), k.authors(run_id), k.children(run_id)]
+                doomed.append(k.grants(run_id))  # its thread's grants die with it
                 doomed += [k.turn(run_id, n) for n in range(1, int(turn or 0) + 1)]
                 doomed += [k.gate(g) for g in gate_ids]
                 pipe.unlink(*doomed)

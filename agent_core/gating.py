@@ -18,6 +18,7 @@ from . import editing
 from .agent import Agent
 from .approvers import RULE_PREFIX, ApprovalRequest, consult
 from .completions import clean_text
+from .grants import allow_for_of, thread_of
 from .models import requesters_of
 from .nudges import Nudges
 from .quorum import quorum_for, rule_approval
@@ -120,6 +121,8 @@ async def open_gates(
         if quorum is not None:  # more than one approver: counted by DECIDE_GATE
             fields.update(quorum=quorum.to_field(), approvals="[]")
             event["quorum"] = quorum.model_dump()
+        elif grant_for := allow_for_of(agent, t):  # an approval may allow it in the thread
+            fields["allow_for"] = event["allow_for"] = f"{grant_for:g}"
         decided = ""
         verdict = None
         if agent.approvers:
@@ -173,7 +176,8 @@ async def open_gates(
         gates.append(
             GateToOpen(gid, str(timeout), json.dumps(fields), json.dumps(event)[:-1], decided)
         )
-    res = await scripts.open_gates(run_id, turn, fence, gates)
+    top = await thread_of(scripts.redis, scripts.keys, run)  # its grants may decide a gate
+    res = await scripts.open_gates(run_id, turn, fence, gates, top_run=top)
     if res in (OpenOutcome.OK, OpenOutcome.DECIDED):
         from . import metrics  # on first use: `import agent_core` loads no prometheus_client
 

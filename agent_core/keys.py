@@ -276,3 +276,14 @@ class Keys:
         """Hash: the audit trail's head (``id`` and ``hash`` of its last entry) and, once
         trimmed, its ``anchor`` (the ``prev`` of the first entry kept)."""
         return f"{self.tag(shard)}:audit:head"
+
+    # --- grants: "allow for this thread" (agent_core.grants) ---------------------------
+    def grants(self, run_id: str) -> str:
+        """Hash: the grants of the thread whose top run is ``run_id``, grant id → its record
+        (JSON); deleted with the run."""
+        return f"{self._run_base(run_id)}:grants"
+
+    def live_grants(self, shard: int) -> str:
+        """Sorted set: a shard's unrevoked grant ids scored by when they expire (unix
+        seconds), for listing them (``/agent grants``)."""
+        return f"{self.tag(shard)}:grants"

@@ -42,6 +42,8 @@ def with_approval(output: str, approvals: list[tuple[str, str | None]]) -> str:
         both = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
         return f"{output}\n\nApproved by {both}."
     by, reason = approvals[0] if approvals else ("", None)
+    if by.startswith("grant:") and reason:  # reason: agent_core.grants.grant_note
+        return f"{output}\n\nApproved by {reason.strip()}."
     if not reason or not reason.strip():
         return output
     return f"{output}\n\nApproved by {_approver(by)}: {reason.strip()}"

@@ -62,6 +62,8 @@ class EventType(str, Enum):
     GATE_REMINDED = "gate.reminded"  # its approvers were reminded (agent_core.nudges)
     GATE_ESCALATED = "gate.escalated"  # its escalate_to may decide it too from now on
     GATE_APPROVAL = "gate.approval"  # one approval counted; the gate needs more (quorum)
+    GRANT_CREATED = "grant.created"  # an approval allowed its tool in the thread (grants)
+    GRANT_REVOKED = "grant.revoked"  # a grant was ended before its expiry
 
 
 class ContinueOutcome(str, Enum):
@@ -182,6 +184,14 @@ class Gate(BaseModel):
     edited_args: dict[str, Any] | None = None
     edited_hash: str | None = None
     edited_by: str | None = None
+    # Allow for this thread (agent_core.grants): how long a grant made with its approval
+    # lasts (None: its tool allows none); the grant that decided it, its granter and end;
+    # the grant its own approval made.
+    allow_for: float | None = None
+    grant_id: str = ""
+    granted_by: str = ""
+    grant_until: float | None = None
+    granted: str = ""
 
     @classmethod
     def from_hash(cls, h: dict[str, str]) -> Gate:
@@ -225,6 +235,11 @@ class Gate(BaseModel):
             edited_args=_opt_json(h.get("edited_args")),
             edited_hash=h.get("edited_hash") or None,
             edited_by=h.get("edited_by") or None,
+            allow_for=_opt_float(h.get("allow_for")),
+            grant_id=h.get("grant_id") or "",
+            granted_by=h.get("granted_by") or "",
+            grant_until=_opt_float(h.get("grant_until")),
+            granted=h.get("granted") or "",
         )
 
     def extra_approvers(self) -> list[str]:

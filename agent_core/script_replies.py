@@ -95,6 +95,14 @@ class DecideOutcome(str, Enum):
     REFUSED = "refused"  # an approval not recorded (``why`` says why)
 
 
+class RevokeOutcome(str, Enum):
+    """REVOKE_GRANT's answer."""
+
+    REVOKED = "revoked"
+    ENDED = "ended"  # revoked or expired already
+    MISSING = "missing"
+
+
 @dataclass(frozen=True)
 class Decision:
     """DECIDE_GATE's answer: the outcome, the gate hash (applied, decided, counted and

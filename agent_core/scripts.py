@@ -57,6 +57,7 @@ from .script_replies import (
     OpenOutcome,
     RepairOutcome,
     RetryOutcome,
+    RevokeOutcome,
     SettleOutcome,
     SpawnOutcome,
     Step,
@@ -352,10 +353,18 @@ class Scripts(ScriptSet):
 
     # --- gates -----------------------------------------------------------------------------
     async def open_gates(
-        self, run_id: str, turn: int, fence: str, gates: Sequence[GateToOpen]
+        self,
+        run_id: str,
+        turn: int,
+        fence: str,
+        gates: Sequence[GateToOpen],
+        *,
+        top_run: str | None = None,
     ) -> OpenOutcome:
-        """OPEN_GATES: the turn's gates, all or nothing, and the run's pause."""
+        """OPEN_GATES: the turn's gates, all or nothing, and the run's pause; ``top_run``:
+        the thread's top run (default: the run), whose live grants may decide a gate."""
         k = self.keys
+        top_run = top_run or run_id
         shard = k.shard_of(run_id)
         keys = [
             k.run(run_id),
@@ -363,6 +372,7 @@ class Scripts(ScriptSet):
             k.deadlines(shard),
             k.events(shard),
             k.run_gates(run_id),
+            k.grants(top_run),
             *self._audit_keys(shard),
             *(k.gate(g.gate_id) for g in gates),
             k.nudges(shard),
@@ -456,6 +466,43 @@ class Scripts(ScriptSet):
             self.redis, self.source("decide_gate"), keys, args, replicas, wait_ms
         )
         return self._decision_of(res), reached
+
+    async def grant_gate(
+        self,
+        gate_id: str,
+        run_id: str,
+        *,
+        by: str,
+        reason: str,
+        attempt: str,
+        seen_hash: str,
+        self_ok: bool,
+        grant_id: str,
+        until: float,
+        spec: dict[str, str],
+        max_grants: int,
+    ) -> Decision:
+        """GRANT_GATE: approve the gate as DECIDE_GATE does and record the grant ``grant_id``
+        of the thread ``spec["scope"]`` (its top run) in the same step."""
+        k = self.keys
+        shard = k.shard_of(gate_id)
+        keys, _ = self._decide(gate_id, run_id, "approved", by, reason, attempt, seen_hash)
+        keys += [k.grants(spec["scope"]), k.live_grants(shard)]
+        args = [gate_id, by, reason, attempt, run_id, seen_hash, "1" if self_ok else "0"]
+        args += [grant_id, f"{until:.6f}", json.dumps(spec), str(max_grants)]
+        res = await self._run("grant_gate", keys, args)
+        if res[0] in ("not_allowed", "too_many", "bad_until"):
+            return Decision(DecideOutcome.REFUSED, None, text(res[0]))
+        return self._decision_of(res)
+
+    async def revoke_grant(self, grant_id: str, top_run: str, by: str) -> RevokeOutcome:
+        """REVOKE_GRANT: end the grant ``grant_id`` of the thread ``top_run`` now."""
+        k = self.keys
+        shard = k.shard_of(top_run)
+        keys = [k.grants(top_run), k.live_grants(shard), k.events(shard)]
+        keys += self._audit_keys(shard)
+        res = await self._run("revoke_grant", keys, [grant_id, by, top_run])
+        return RevokeOutcome(text(res))
 
     async def fire_nudge(self, gate_id: str, step: str) -> Nudged:
         """FIRE_NUDGE: fire a gate's reminder (``step="remind"``) or escalation

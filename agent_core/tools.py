@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from .editing import Editable, editable_fields
 from .exceptions import ToolArgumentsError, ToolDefinitionError
 from .nudges import Nudges, Seconds
+from .nudges import seconds as _seconds
 from .quorum import ApprovalsOption, check_approvals
 from .routes import ApproverIds, approver_ids, channel_id
 
@@ -28,6 +29,21 @@ MAX_DESCRIPTION_CHARS = 1024
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
 _ARG_LINE = re.compile(r"^(\s+)(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+def allow_for_option(value: Seconds | None, approvals: ApprovalsOption, where: str) -> float | None:
+    """``allow_for=`` in seconds (None: not set here, 0: off); ValueError, one line naming
+    ``where``, for a bad value or one combined with a quorum (a grant is one person's
+    decision)."""
+    seconds = _seconds(value, f"{where}: allow_for")
+    if not seconds:
+        return seconds
+    if approvals is not None and approvals != 1:
+        raise ValueError(
+            f"{where}: allow_for cannot be combined with approvals={approvals!r} (a grant is "
+            "one person's decision; a call that needs several approvers is never granted)"
+        )
+    return seconds
 
 
 def _parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
@@ -84,6 +100,9 @@ class Tool:
     approval_channel: str = ""
     # The parameters a person may edit before approving (agent_core.editing; empty: none).
     editable: tuple[str, ...] = ()
+    # Seconds a grant made with an approval lasts ("allow for this thread", agent_core.grants;
+    # None: the agent's, 0: no grants).
+    allow_for: float | None = None
 
     @classmethod
     def from_function(
@@ -101,6 +120,7 @@ class Tool:
         approvers: ApproverIds = None,
         approval_channel: str | None = None,
         editable: Editable = None,
+        allow_for: Seconds | None = None,
     ) -> Tool:
         """Describe ``fn`` as a tool (see :func:`tool`)."""
         if not callable(fn):
@@ -118,6 +138,7 @@ class Tool:
             approvals = check_approvals(approvals, f"tool {tool_name}")
             ids = approver_ids(approvers, f"tool {tool_name}: approvers")
             channel = channel_id(approval_channel, f"tool {tool_name}: approval_channel")
+            grant_for = allow_for_option(allow_for, approvals, f"tool {tool_name}")
         except ValueError as exc:
             raise ToolDefinitionError(str(exc)) from None
         doc_desc, param_docs = _parse_docstring(inspect.getdoc(fn))
@@ -166,6 +187,7 @@ class Tool:
             approvers=ids,
             approval_channel=channel,
             editable=editable_fields(editable, schema, f"tool {tool_name}"),
+            allow_for=grant_for,
         )
 
     def openai_schema(self) -> dict[str, Any]:
@@ -259,6 +281,7 @@ def tool(
     approvers: ApproverIds = None,
     approval_channel: str | None = None,
     editable: Editable = None,
+    allow_for: Seconds | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -277,6 +300,7 @@ def tool(
     approvers: ApproverIds = None,
     approval_channel: str | None = None,
     editable: Editable = None,
+    allow_for: Seconds | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function (sync or async) into a :class:`Tool`.
 
@@ -293,6 +317,9 @@ def tool(
     their cards are posted, with one line in the task's thread (see :mod:`agent_core.routes`).
     ``editable``: ``True`` or a list of parameters lets an approver edit the arguments before
     approving (**Edit & approve**; see :mod:`agent_core.editing`). Off by default.
+    ``allow_for`` (seconds or a timedelta; ``None`` follows the agent, ``0`` is off) lets an
+    approver **approve and allow** the tool in the thread for that long: later matching calls
+    are approved by the grant (see :mod:`agent_core.grants`); not with ``approvals`` above 1.
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -309,6 +336,7 @@ def tool(
             approvers=approvers,
             approval_channel=approval_channel,
             editable=editable,
+            allow_for=allow_for,
         )
 
     if fn is not None:

@@ -27,6 +27,7 @@ from . import (
     bolt_compat,
     commands,
     conversations,
+    grant_actions,
     home_listeners,
     mentions,
     quiet,
@@ -122,6 +123,7 @@ def create_app(
     commands.register(app, ctx)
     quiet.register(app)
     home_listeners.register(app, ctx)  # before actions: its last listener takes any button
+    grant_actions.register(app, ctx)  # before actions: its last listener takes any button
     actions.register(app, ctx)
     mentions.register(app, ctx)  # before conversations: its DM listener is checked first
     conversations.register(app, ctx)

@@ -114,6 +114,8 @@ def user(user_id: str | None) -> str:
         return "the system"
     if user_id.startswith("rule:"):  # an approver rule decided (agent_core.approvers)
         return f"the rule `{escape(user_id[5:])}`"
+    if user_id.startswith("grant:"):  # a grant decided (agent_core.grants, bot/grant_view.py)
+        return f"the grant `{escape(user_id[6:])}`"
     return f"<@{escape(user_id)}>"
 
 
@@ -316,9 +318,10 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
         )
     blocks.append(context(" · ".join(notes)))
     # More than one approver (bot/quorum_view.py): progress while pending, every approver after.
-    from . import quorum_view  # it builds on this module's helpers
+    from . import grant_view, quorum_view  # they build on this module's helpers
 
     line = quorum_view.outcome_line(gate) or outcome_line(gate) + quorum_view.after_line(gate)
+    line = grant_view.outcome_line(gate) or line + grant_view.after_line(gate)
     blocks.append(section(line))
     from . import edit_view  # Edit & approve: what an edit changed, and the button
 
@@ -328,6 +331,7 @@ def gate_card(gate: Gate, result: ToolResult | None = None, *, compact: bool = F
     if pending:
         buttons = [
             button("Approve", APPROVE_ACTION, button_value(gate), style="primary"),
+            *grant_view.buttons(gate),  # Approve & allow (bot/grant_view.py)
             button("Deny", DENY_ACTION, button_value(gate), style="danger"),
             *edit_view.buttons(gate),
         ]

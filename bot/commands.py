@@ -33,6 +33,7 @@ from . import audit_view, cards, run_cards
 from .acking import at_ack
 from .context import BotContext
 from .directory import NO_TASK, AgentEntry
+from .grant_actions import GrantActions
 from .publisher import can_respond, slack_error
 
 log = logging.getLogger(__name__)
@@ -164,6 +165,9 @@ class Commands:
             return
         if text.lower() == "status":
             await self.status(user_id, respond)
+            return
+        if text.lower() == "grants":  # allow for this thread (bot/grant_actions.py)
+            await GrantActions(self.ctx).list(user_id, respond, external=external)
             return
         m = _CANCEL.match(text)
         if m:
@@ -427,7 +431,7 @@ def _limit() -> str:
 def _starts_a_task(text: str) -> bool:
     stripped = text.strip()
     return (
-        stripped.lower() != "status"
+        stripped.lower() not in ("status", "grants")
         and not _CANCEL.match(stripped)
         and not _RETRY.match(stripped)
         and not _AUDIT.match(stripped)

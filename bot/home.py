@@ -369,4 +369,4 @@ def _float(value: object) -> float | None:
 
 
 def _is_person(user: str | None) -> bool:
-    return bool(user) and user != "system" and not str(user).startswith("rule:")
+    return bool(user) and user != "system" and not str(user).startswith(("rule:", "grant:"))

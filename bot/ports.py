@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+from agent_core.grants import Grants
 from agent_core.models import ContinueOutcome, DecideResult, Decision, Event, Gate, Run
 
 
@@ -22,6 +23,8 @@ class EventConsumerLike(Protocol):
 
 
 class GatewayLike(Protocol):
+    grants: Grants  # allow for this thread (agent_core.grants)
+
     async def start_run(
         self,
         task: str,

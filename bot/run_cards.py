@@ -184,5 +184,6 @@ def usage(command: str = "/agent") -> str:
         "calls that already ran are not run again (its requester or an approver)\n"
         f"• `{command} audit [tool|@user]` — the last entries of the audit trail (approvers "
         "only, shown to you alone)\n"
+        f"• `{command} grants` — the live grants you may revoke (approvers)\n"
         f"• `{command} help` — this message"
     )

@@ -683,6 +683,8 @@ def _view_state(
         typed = typed if isinstance(typed, dict) else {}
         if kind in ("static_select", "checkboxes"):
             offered = [o for o in element.get("options") or [] if isinstance(o, dict)]
+            for group in element.get("option_groups") or []:
+                offered += [o for o in group.get("options") or [] if isinstance(o, dict)]
             if kind == "static_select":
                 picked = [typed.get("selected_option")]
             else:

@@ -391,3 +391,42 @@ def editing_model(messages: list[dict[str, Any]]) -> Step:
     if last.get("role") == "tool":
         return reply(str(last.get("content")))
     return call("refund_order", {"order_id": "A-7", "amount_cents": 4900})
+
+# --- allow for this thread (agent_core.grants) ----------------------------------------------
+@tool(requires_approval=True, allow_for=3600)
+def ship(env: str, version: int = 1) -> str:
+    """Ship a version to an environment (an approver may allow it in the thread for 1 h)."""
+    journal(f"ship:{env}:{version}")
+    return f"shipped {version} to {env}"
+
+
+@tool(requires_approval=True, allow_for=3600)
+def flush(cache: str) -> str:
+    """Flush a cache (grants allowed too)."""
+    journal(f"flush:{cache}")
+    return f"{cache} flushed"
+
+
+shipping = Agent(
+    name="shipping",
+    instructions="You ship releases.",
+    tools=[ship, flush, lookup],
+)
+
+
+def shipping_model(messages: list[dict[str, Any]]) -> Step:
+    """A scripted model for the ``shipping`` agent (the playground's browser tests): each user
+    message ships the version it names to staging, then answers with the tool message."""
+    last = messages[-1] if messages else {}
+    if last.get("role") == "tool":
+        return reply(str(last.get("content")))
+    words = str(last.get("content") or "").split()
+    version = next((int(w) for w in words if w.isdigit()), 1)
+    return call("ship", {"env": "staging", "version": version})
+
+
+ship_desk = Agent(
+    name="ship_desk",
+    instructions="You delegate releases to the shipping agent.",
+    tools=[lookup, shipping.as_tool(description="Ask the shipping agent")],
+)

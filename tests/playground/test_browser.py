@@ -516,3 +516,50 @@ async def test_edit_and_approve_in_the_page(
         await shot(page, "edit-approved")
     finally:
         pg.stop()
+
+
+async def test_approve_and_allow_in_the_thread(
+    page: Page, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    # The shipping agent: its ship tool allows grants for 1 h (allow_for=3600).
+    pg = start_playground(
+        redis_server.url,
+        tmp_path,
+        AGENT="tests.agents:shipping",
+        PLAYGROUND_MODEL="tests.agents:shipping_model",
+    )
+    try:
+        await open_as(page, pg, people.REQUESTER)
+        thread = await start_task(page, "ship 1")
+        gate = card(thread, "ship").first
+        await expect(gate).to_contain_text("Waiting for a decision", timeout=SLOW)
+        allow = "Approve & allow ship in this thread for 1 h"
+        # The requester cannot allow their own run's calls.
+        await gate.get_by_role("button", name=allow).click()
+        await expect(page.locator("body")).to_contain_text("You asked for this run", timeout=SLOW)
+
+        await switch(page, people.APPROVER)
+        gate = card(page.locator("#thread"), "ship").first
+        await gate.get_by_role("button", name=allow).click()
+        modal = page.locator(".modal[role=dialog]")
+        await expect(modal).to_be_visible(timeout=SLOW)
+        await expect(modal.locator(".modal-title")).to_have_text("Approve & allow")
+        await modal.locator("select").select_option(label='only env="staging"')
+        await shot(page, "grant-modal")
+        await modal.locator(".modal-submit").click()
+        await expect(modal).to_have_count(0, timeout=SLOW)
+        await expect(gate).to_contain_text("and allowed", timeout=SLOW)
+        await expect(gate).to_contain_text("shipped 1 to staging", timeout=SLOW)
+
+        # The requester asks again in the thread: the grant decides, nobody is asked.
+        await switch(page, people.REQUESTER)
+        await send(page, "now ship 2", composer="#thread-composer")
+        second = card(page.locator("#thread"), "ship").filter(has_text='"version": 2')
+        await expect(second).to_contain_text("Allowed by @Avery's grant until", timeout=SLOW)
+        await expect(second).to_contain_text("shipped 2 to staging", timeout=SLOW)
+        await expect(second.get_by_role("button")).to_have_count(0)
+        answer = page.locator("#thread-replies .msg", has_text="Approved by U0PGAVERY's grant")
+        await expect(answer).to_contain_text("in this thread until", timeout=SLOW)
+        await shot(page, "grant-decided")
+    finally:
+        pg.stop()

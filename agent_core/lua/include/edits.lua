@@ -1,10 +1,10 @@
--- Edit, then approve (agent_core.editing). DECIDE_GATE's ARGV[10] holds the edited
--- arguments (canonical JSON; '' for no edit) and ARGV[11] their hash. An edit is refused
+-- Edit, then approve (agent_core.editing). The including script sets the locals
+-- edited_json (the edited arguments' canonical JSON; '' for no edit: DECIDE_GATE's ARGV[10])
+-- and edited_hash (their hash: its ARGV[11]); GRANT_GATE sets both ''. An edit is refused
 -- unless the decision is an approval of a gate whose `editable` field lists fields, and
 -- never on a quorum gate (`quorum` set). A recorded edit keeps the original `args` and
 -- `args_hash`, adds `edited_args`, `edited_hash` and `edited_by`, and its hash becomes the
 -- gate's `decided_hash`: the worker runs only arguments that hash to it.
-local edited_json, edited_hash = ARGV[10] or '', ARGV[11] or ''
 
 -- Why an edit cannot be recorded on this gate (nil: no edit, or it can be).
 local function edit_refused(gate_key, wanted)
