@@ -392,6 +392,7 @@ def editing_model(messages: list[dict[str, Any]]) -> Step:
         return reply(str(last.get("content")))
     return call("refund_order", {"order_id": "A-7", "amount_cents": 4900})
 
+
 # --- allow for this thread (agent_core.grants) ----------------------------------------------
 @tool(requires_approval=True, allow_for=3600)
 def ship(env: str, version: int = 1) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from agent_core import Agent, GateStatus, RunStatus, ToolDefinitionError, tool
+from agent_core.audit import entries, verify_shard
 from agent_core.grants import allow_for_of, grant_note
 from agent_core.script_replies import RevokeOutcome
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
@@ -359,3 +360,46 @@ async def test_racing_grants_and_approvals_give_one_decision_and_at_most_one_gra
     assert await h.redis.hlen(h.keys.grants(run_id)) == len(made)
     await h.gateway.wait(run_id, timeout=10)
     assert read_journal(str(journal)) == ["ship:staging:1"]
+
+
+async def test_the_audit_trail_records_the_grant_what_it_decided_and_its_revocation(
+    h: Harness, fake_openai: FakeOpenAI
+) -> None:
+    run_id, gid = await _first(
+        h,
+        fake_openai,
+        "ship audit",
+        call("ship", {"env": "staging", "version": 1}),
+        reply("one"),
+        call("ship", {"env": "staging", "version": 2}),
+        reply("two"),
+    )
+    grant = (await _grant(h, gid, field="env", value="staging")).grant
+    assert grant is not None
+    await h.gateway.wait(run_id, timeout=10)
+    await h.gateway.continue_run(run_id, "again", by="U1")
+    await h.gateway.wait(run_id, ("completed",), timeout=10)
+    second = await _next_gate(h, run_id, 2)
+    assert await h.gateway.grants.revoke(grant.grant_id, "U3") is RevokeOutcome.REVOKED
+    shard = h.keys.shard_of(run_id)
+    trail = [e async for e in entries(h.redis, h.keys, shard) if e.get("run_id") == run_id]
+    got = [(e.kind, e.get("gate_id"), e.get("by")) for e in trail]
+    assert got == [
+        ("opened", gid, "U1"),
+        ("approved", gid, "U2"),
+        ("granted", gid, "U2"),
+        ("executed", gid, ""),
+        ("opened", second.gate_id, "U1"),
+        ("approved", second.gate_id, f"grant:{grant.grant_id}"),
+        ("executed", second.gate_id, ""),
+        ("revoked", gid, "U3"),
+    ]
+    granted, revoked = trail[2], trail[-1]
+    assert (granted.get("grant_id"), granted.get("field"), granted.get("value")) == (
+        grant.grant_id,
+        "env",
+        '"staging"',
+    )
+    assert float(granted.get("until")) == pytest.approx(grant.expires_at, abs=0.01)
+    assert (revoked.get("grant_id"), revoked.get("granted_by")) == (grant.grant_id, "U2")
+    assert (await verify_shard(h.redis, h.keys, shard)).problems == []
