@@ -44,7 +44,19 @@ async def test_a_clicked_gate_and_the_slack_calls_it_took(
         return run is not None and run.status.finished
 
     await wait_until(finished, timeout=15)
-    after = await metrics_of(live)
+    # The answer is posted by the notifier after the run finished, and counted once Slack
+    # answered: read the metrics once both are done.
+    await fake_slack.wait_for(
+        lambda f: any("gone" in str(c.args.get("text")) for c in f.calls_to(POST)),
+        what="the answer",
+    )
+
+    async def counted() -> Samples | None:
+        now = await metrics_of(live)
+        done = now.since(before, "agw_slack_api_calls_total", method=POST) >= 3
+        return now if done else None
+
+    after = await wait_until(counted, timeout=10)
 
     assert after.since(before, "agw_gates_opened_total") == 1
     assert after.since(before, "agw_gates_decided_total", outcome="approved") == 1
