@@ -13,9 +13,10 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, TypedDict, overload
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from typing_extensions import Unpack
 
 from .editing import Editable, editable_fields
 from .exceptions import ToolArgumentsError, ToolDefinitionError
@@ -25,6 +26,24 @@ from .quorum import ApprovalsOption, check_approvals
 from .routes import ApproverIds, approver_ids, channel_id
 
 ApprovalRule = bool | Callable[[dict[str, Any]], bool] | None
+
+
+class ToolOptions(TypedDict, total=False):
+    """The options of :func:`tool` and :meth:`Tool.from_function` beyond the name and the
+    description (each explained in :func:`tool`'s docstring)."""
+
+    requires_approval: ApprovalRule
+    idempotent: bool
+    remind_after: Seconds | None
+    escalate_after: Seconds | None
+    escalate_to: str | Iterable[str] | None
+    approvals: ApprovalsOption
+    approvers: ApproverIds
+    approval_channel: str | None
+    editable: Editable
+    allow_for: Seconds | None
+
+
 MAX_DESCRIPTION_CHARS = 1024
 
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
@@ -111,18 +130,12 @@ class Tool:
         *,
         name: str | None = None,
         description: str | None = None,
-        requires_approval: ApprovalRule = None,
-        idempotent: bool = False,
-        remind_after: Seconds | None = None,
-        escalate_after: Seconds | None = None,
-        escalate_to: str | Iterable[str] | None = None,
-        approvals: ApprovalsOption = None,
-        approvers: ApproverIds = None,
-        approval_channel: str | None = None,
-        editable: Editable = None,
-        allow_for: Seconds | None = None,
+        **options: Unpack[ToolOptions],
     ) -> Tool:
         """Describe ``fn`` as a tool (see :func:`tool`)."""
+        requires_approval = options.get("requires_approval")
+        idempotent = options.get("idempotent", False)
+        approvals = options.get("approvals")
         if not callable(fn):
             raise ToolDefinitionError(f"{fn!r} is not callable")
         tool_name = name or getattr(fn, "__name__", None)
@@ -131,14 +144,20 @@ class Tool:
         if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", tool_name):
             raise ToolDefinitionError(f"tool name {tool_name!r} must match [A-Za-z0-9_-]{{1,64}}")
         try:
-            nudges = Nudges.of(remind_after, escalate_after, escalate_to)
+            nudges = Nudges.of(
+                options.get("remind_after"),
+                options.get("escalate_after"),
+                options.get("escalate_to"),
+            )
         except ValueError as exc:
             raise ToolDefinitionError(f"tool {tool_name}: {exc}") from None
         try:
             approvals = check_approvals(approvals, f"tool {tool_name}")
-            ids = approver_ids(approvers, f"tool {tool_name}: approvers")
-            channel = channel_id(approval_channel, f"tool {tool_name}: approval_channel")
-            grant_for = allow_for_option(allow_for, approvals, f"tool {tool_name}")
+            ids = approver_ids(options.get("approvers"), f"tool {tool_name}: approvers")
+            channel = channel_id(
+                options.get("approval_channel"), f"tool {tool_name}: approval_channel"
+            )
+            grant_for = allow_for_option(options.get("allow_for"), approvals, f"tool {tool_name}")
         except ValueError as exc:
             raise ToolDefinitionError(str(exc)) from None
         doc_desc, param_docs = _parse_docstring(inspect.getdoc(fn))
@@ -186,7 +205,7 @@ class Tool:
             approvals=approvals,
             approvers=ids,
             approval_channel=channel,
-            editable=editable_fields(editable, schema, f"tool {tool_name}"),
+            editable=editable_fields(options.get("editable"), schema, f"tool {tool_name}"),
             allow_for=grant_for,
         )
 
@@ -272,16 +291,7 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    requires_approval: ApprovalRule = None,
-    idempotent: bool = False,
-    remind_after: Seconds | None = None,
-    escalate_after: Seconds | None = None,
-    escalate_to: str | Iterable[str] | None = None,
-    approvals: ApprovalsOption = None,
-    approvers: ApproverIds = None,
-    approval_channel: str | None = None,
-    editable: Editable = None,
-    allow_for: Seconds | None = None,
+    **options: Unpack[ToolOptions],
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -291,16 +301,7 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    requires_approval: ApprovalRule = None,
-    idempotent: bool = False,
-    remind_after: Seconds | None = None,
-    escalate_after: Seconds | None = None,
-    escalate_to: str | Iterable[str] | None = None,
-    approvals: ApprovalsOption = None,
-    approvers: ApproverIds = None,
-    approval_channel: str | None = None,
-    editable: Editable = None,
-    allow_for: Seconds | None = None,
+    **options: Unpack[ToolOptions],
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function (sync or async) into a :class:`Tool`.
 
@@ -323,21 +324,7 @@ def tool(
     """
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool.from_function(
-            f,
-            name=name,
-            description=description,
-            requires_approval=requires_approval,
-            idempotent=idempotent,
-            remind_after=remind_after,
-            escalate_after=escalate_after,
-            escalate_to=escalate_to,
-            approvals=approvals,
-            approvers=approvers,
-            approval_channel=approval_channel,
-            editable=editable,
-            allow_for=allow_for,
-        )
+        return Tool.from_function(f, name=name, description=description, **options)
 
     if fn is not None:
         return wrap(fn)
