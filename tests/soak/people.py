@@ -158,9 +158,11 @@ class GateRecord:
     depth: int = 0  # of its run: > 0 for a nested gate (a sub-agent's)
     cancel_run: str = ""  # the run a "cancel" fate cancels (default: the gate's own)
 
-    def sent(self, kind: str) -> bool:
-        """Whether someone who may decide the gate sent a click of that kind."""
-        return any(c.kind == kind and not c.outsider for c in self.clicks)
+    def sent(self, kind: str, by: str = "") -> bool:
+        """Whether someone who may decide the gate sent a click of that kind, or ``by`` did
+        (the decider: a click sent as an outsider's may arrive once it may decide, e.g. after
+        the escalation; verdict's check_deciders judges that)."""
+        return any(c.kind == kind and (not c.outsider or c.user == by) for c in self.clicks)
 
 
 SUB_SHARE = 0.28  # the share of runs whose model calls a sub-agent

@@ -433,6 +433,7 @@ class Soak(People, Chaos, Verdict):
         off (seen: lag 842 on a stream whose last entry the group had read), and it can
         also be NULL."""
         end = time.monotonic() + seconds
+        next_note = time.monotonic() + 30
         why: list[str] = []
         while time.monotonic() < end:
             why = []
@@ -452,6 +453,9 @@ class Soak(People, Chaos, Verdict):
                 why = await self.card_problems()
                 if not why:
                     return
+            if time.monotonic() >= next_note:  # what it waits for, now and then (chaos.log)
+                next_note = time.monotonic() + 30
+                self.note(f"cards settling: {len(why)} to go, e.g. {why[:5]}")
             await asyncio.sleep(1.0)
         self.note(f"cards not settled after {seconds:.0f} s: {why[:10]}")
         self.counts["cards not settled in time (see chaos.log)"] += 1

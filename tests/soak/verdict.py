@@ -580,7 +580,8 @@ class Verdict(Promises):
             if st == "pending":
                 bad(f"{nested}gate {rec.gate_id} ({rec.op}) still pending")
             elif st == "approved":
-                if not rec.sent("approve"):
+                by = await self.safely(self.redis.hget(self.keys.gate(rec.gate_id), "decided_by"))
+                if not rec.sent("approve", by or ""):
                     bad(f"{rec.op} approved but nobody clicked Approve")
                 status = await self.safely(self.redis.hget(self.keys.run(rec.run_id), "status"))
                 if status == "completed" and n == 0:
@@ -589,7 +590,8 @@ class Verdict(Promises):
                 if status == "cancelled" and n == 0:
                     self.counts["approved calls of runs cancelled before they ran"] += 1
             elif st == "denied":
-                if not rec.sent("deny-submit"):
+                by = await self.safely(self.redis.hget(self.keys.gate(rec.gate_id), "decided_by"))
+                if not rec.sent("deny-submit", by or ""):
                     bad(f"{rec.op} denied but nobody submitted a denial")
                 if n:
                     bad(f"{rec.op} ran although denied")
