@@ -686,6 +686,8 @@ class People:
             await self.cancel(rec)
         elif fate in ("outsider-approve", "outsider-deny"):
             who_not = await self.outsiders_now(rec)
+            if fate == "outsider-deny":  # the starter may deny their own run's call
+                who_not = [u for u in who_not if u != REQUESTER]
             if who_not:
                 if fate == "outsider-approve":
                     await self.click(rec, "approve", rng.choice(who_not), outsider=True)
