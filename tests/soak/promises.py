@@ -217,26 +217,21 @@ class Promises:
         bad: list[str] = []
         for view in facts.gates.values():
             st = view.status
-            if st not in ("approved", "denied"):
-                continue
-            by = view.h.get("decided_by", "")
+            by = view.h.get("decided_by", "") if st in ("approved", "denied") else ""
             at = view.at("decided_at")
-            if st == "denied" and by == REQUESTER:
-                continue
-            if by.startswith("rule:"):
+            counted = {a.by for a in view.approvals}
+            for a in view.approvals:  # whatever the gate's end: an approval counted
+                if a.by == REQUESTER or not view.may_decide(a.by, a.at):
+                    bad.append(f"{view.where()}: an approval by {a.by} counted, off its list")
+            for c in view.rec.clicks:  # refused, unless its sender may decide by then
+                if c.outsider and c.status == 200 and c.user not in (by, *counted):
+                    self.counts["outsider clicks acknowledged and refused"] += 1
+            if not by or by.startswith("rule:") or (st == "denied" and by == REQUESTER):
                 continue
             if by == REQUESTER or not view.may_decide(by, at):
                 bad.append(f"{view.where()} decided by {by}, who may not decide it then")
-            if view.escalate_to() and by in view.escalate_to() and not view.may_decide(by, at):
-                pass  # reported above
             elif by in view.escalate_to():
                 self.counts["gates decided by whom they were escalated to (after it)"] += 1
-            for a in view.approvals:
-                if a.by == REQUESTER or not view.may_decide(a.by, a.at):
-                    bad.append(f"{view.where()}: an approval by {a.by} counted, off its list")
-            for c in view.rec.clicks:
-                if c.outsider and c.status == 200:
-                    self.counts["outsider clicks acknowledged and refused"] += 1
         return bad
 
     async def check_routes_recorded(self, facts: Facts) -> list[str]:

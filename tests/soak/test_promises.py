@@ -51,6 +51,8 @@ async def test_a_decision_off_the_gate_list_or_before_the_escalation_is_a_violat
     after = gate("pay", decided_by=ESCALATE_TO, escalated_at="9.0", **pay)
     assert not await c.check_deciders(facts(after))
     assert await c.check_deciders(facts(gate("act", decided_by=REQUESTER)))
+    outsider = [{"by": ESCALATE_TO, "at": "9", "hash": "H"}]
+    assert await c.check_deciders(facts(gate("vote", approvals=outsider, status="expired")))
 
 
 async def test_a_quorum_gate_approved_by_one_or_ended_with_its_quorum_met_is_a_violation() -> None:
