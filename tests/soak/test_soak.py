@@ -193,6 +193,12 @@ KNOWN = {
         "tests/security/test_crash_windows.py",
         "test_no_card_keeps_live_buttons_after_a_crash_between_post_and_record",
     ),
+    "stale_channel_card": Known(
+        "a card in the approval channel that Slack refused to update while the bot was out of "
+        "the channel keeps what it showed (live buttons, or Running…) once the bot is back",
+        "tests/bot/test_channel_rejoin.py",
+        "test_a_card_in_the_channel_shows_its_outcome_once_the_app_is_back",
+    ),
 }
 
 
