@@ -34,7 +34,7 @@ from agent_core import Keys
 from tests.redis_cluster import ClusterServer
 from tests.redis_server import RedisServer
 from tests.soak.bound import Bound, MasterKill
-from tests.soak.config import PAUSE_SECONDS, REPO, redis_failed
+from tests.soak.config import FIN_CHANNEL, PAUSE_SECONDS, REPO, SEED, redis_failed
 from tests.soak.people import op_depth
 
 T = TypeVar("T")
@@ -127,6 +127,7 @@ class Chaos(Bound):
     redis_outages: list[tuple[float, float]]
     workers: list[Proc]
     web: Proc
+    bot_out: list[tuple[float, float]]  # unix times the bot was out of the approval channel
 
     if TYPE_CHECKING:
 
@@ -327,9 +328,9 @@ class Chaos(Bound):
         self._journal_at += end
         for line in data[:end].decode(errors="replace").splitlines():
             parts = line.split()
-            if len(parts) != 4:
+            if len(parts) < 4:
                 continue
-            event, tool, op, pid = parts
+            event, tool, op, pid = parts[:4]
             if event == "start":
                 self.running_tools[op] = (tool, int(pid))
             else:
@@ -389,6 +390,27 @@ class Chaos(Bound):
                     raise
                 await asyncio.sleep(0.2)
         return None
+
+    async def leave_channel(self) -> None:
+        """The bot is removed from the approval channel (FIN_CHANNEL) now and then, for a few
+        seconds, and invited back: a card posted meanwhile falls back to the task's thread
+        (saying why), a card there cannot be updated meanwhile."""
+        rng = random.Random(f"{SEED}:channel")
+        while self.chaos:
+            await asyncio.sleep(rng.uniform(15, 40))
+            if not self.chaos:
+                return
+            start = time.time()
+            self.slack.remove_bot(FIN_CHANNEL)
+            self.bot_out.append((start, float("inf")))
+            self.note(f"bot removed from {FIN_CHANNEL}")
+            self.counts["bot removed from the approval channel (and invited back)"] += 1
+            try:
+                await asyncio.sleep(rng.uniform(2, 8))
+            finally:
+                self.slack.invite_bot(FIN_CHANNEL)
+                self.bot_out[-1] = (start, time.time())
+                self.note(f"bot invited back to {FIN_CHANNEL}")
 
     async def pause_workers(self) -> None:
         """SIGSTOP a worker for longer than its lease, then SIGCONT it (its own PID only).

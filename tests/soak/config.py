@@ -23,10 +23,54 @@ CHANNEL = "C0SOAK"
 REQUESTER = "U0SOAKREQ"
 APPROVER = "U0SOAKAPP"
 APPROVER2 = "U0SOAKBOSS"
+APPROVER3 = "U0SOAKTHIRD"  # a third of APPROVERS: quorums have three people racing for two slots
 MAX_OPEN_RUNS = 30
+
+# Approval channels, per-tool approvers, reminders, escalation and quorums (the soak agent's
+# `pay`, `wire` and `vote`: tests/soak/soak_agent.py). `pay`'s cards go to FIN_CHANNEL (the bot is
+# removed from it and invited back now and then: its cards fall back to the task's thread), and
+# only FIN_GROUP's members may decide them, or ESCALATE_TO once escalated. STRANGER is on no
+# list: their clicks (and the other outsiders') must be refused.
+FIN_CHANNEL = "C0SOAKFIN"
+FIN_GROUP = "S0SOAKFIN"
+FIN1 = "U0SOAKFIN1"
+FIN2 = "U0SOAKFIN2"
+ESCALATE_TO = "U0SOAKESC"
+STRANGER = "U0SOAKSTRANGER"
+APPROVERS = (APPROVER, APPROVER2, APPROVER3)  # the APPROVERS setting
+GROUPS = {FIN_GROUP: (FIN1, FIN2)}  # the user groups the fake Slack knows
+REMIND_AFTER, ESCALATE_AFTER = 1.0, 2.0  # shorter than the workers' APPROVAL_TIMEOUT (3 s, 12 s)
 
 FATES = ["approve", "deny", "expire", "double", "race", "cancel"]
 FATE_WEIGHTS = [40, 22, 12, 9, 9, 8]
+# A routed gate's (`pay`): its fates above, plus an outsider's click before the decision
+# ("outsider-approve", "outsider-deny") and an approval by whom it was escalated to, after the
+# escalation (ESCALATE_TO also clicks too early, before it: refused).
+ROUTED_FATES = [
+    "approve",
+    "deny",
+    "expire",
+    "race",
+    "cancel",
+    "outsider-approve",
+    "outsider-deny",
+    "escalated",
+]
+ROUTED_WEIGHTS = [22, 12, 10, 6, 6, 16, 10, 18]
+# A quorum gate's (`wire`, `vote`: approvals=2): two or three approvers racing, one approval
+# and a deny, the same person twice, one approval only (it expires), the requester first
+# (refused), the escalated person as the second approver (`vote`), a cancel.
+QUORUM_FATES = [
+    "quorum",
+    "quorum-race",
+    "quorum-deny",
+    "quorum-again",
+    "half",
+    "requester",
+    "escalated",
+    "cancel",
+]
+QUORUM_WEIGHTS = [24, 16, 12, 10, 10, 10, 12, 6]
 
 # Chaos: a worker paused (SIGSTOP) for longer than its lease, then continued.
 PAUSE_SECONDS = (2.5, 6.0)

@@ -29,16 +29,22 @@ from agent_core.testing import FakeOpenAI, Step, call, calls, reply
 from bot import cards
 from tests.slack_fake import FakeSlack, HttpResult, SlackCall, SlackClient
 from tests.soak.config import (
-    APPROVER,
-    APPROVER2,
+    APPROVERS,
     CHANNEL,
+    ESCALATE_TO,
     FATE_WEIGHTS,
     FATES,
+    GROUPS,
     MAX_OPEN_RUNS,
+    QUORUM_FATES,
+    QUORUM_WEIGHTS,
     REQUESTER,
+    ROUTED_FATES,
+    ROUTED_WEIGHTS,
     SEED,
+    STRANGER,
 )
-from tests.soak.soak_agent import MAX_DEPTH, SUB_AGENT_TOOLS
+from tests.soak.soak_agent import MAX_DEPTH, POLICIES, QUORUM, ROUTED, SUB_AGENT_TOOLS
 
 
 class SoakSlack(FakeSlack):
@@ -137,6 +143,7 @@ class Click:
     sent_unix: float = field(default_factory=time.time)
     target: str = ""  # a cancel's: the run it cancels
     acked_unix: float | None = None  # when its HTTP 200 came (time.time())
+    outsider: bool = False  # by someone who may not decide the gate (then): must be refused
 
 
 @dataclass
@@ -151,15 +158,18 @@ class GateRecord:
     depth: int = 0  # of its run: > 0 for a nested gate (a sub-agent's)
     cancel_run: str = ""  # the run a "cancel" fate cancels (default: the gate's own)
 
-    def sent(self, kind: str) -> bool:
-        return any(c.kind == kind for c in self.clicks)
+    def sent(self, kind: str, by: str = "") -> bool:
+        """Whether someone who may decide the gate sent a click of that kind, or ``by`` did
+        (the decider: a click sent as an outsider's may arrive once it may decide, e.g. after
+        the escalation; verdict's check_deciders judges that)."""
+        return any(c.kind == kind and (not c.outsider or c.user == by) for c in self.clicks)
 
 
 SUB_SHARE = 0.28  # the share of runs whose model calls a sub-agent
 DEEPER_SHARE = 0.35  # the share of sub-agent runs that call the sub-sub-agent
 GATED_SUB_SHARE = 0.3  # the share of sub-agent calls made through the gated tool
-PLAIN = ["act", "slow_act", "resync", "peek"]
-PLAIN_WEIGHTS = [55, 15, 10, 20]
+PLAIN = ["act", "slow_act", "resync", "peek", "pay", "wire", "vote"]
+PLAIN_WEIGHTS = [34, 11, 8, 15, 14, 9, 9]
 
 
 def op_depth(op: str) -> int:
@@ -230,6 +240,37 @@ def script_of(plan: RunPlan) -> list[Step]:
 
 def final_answer(task: str) -> str:
     return f"final answer of {task}"
+
+
+def fate_of(op: str, tool: str) -> str:
+    """The seeded fate of the gate of call ``op``, from the fates of its tool's kind."""
+    rng = random.Random(f"{SEED}:{op}")
+    if tool in QUORUM:
+        fate = rng.choices(QUORUM_FATES, QUORUM_WEIGHTS)[0]
+        if fate == "escalated" and not POLICIES[tool].escalate_to:
+            fate = "quorum"
+        return fate
+    if tool in ROUTED:
+        return rng.choices(ROUTED_FATES, ROUTED_WEIGHTS)[0]
+    return rng.choices(FATES, FATE_WEIGHTS)[0]
+
+
+def deciders(tool: str) -> tuple[str, ...]:
+    """Who may decide the tool's gates (before any escalation): its approvers, user groups
+    expanded, else APPROVERS."""
+    policy = POLICIES.get(tool)
+    if policy is None or not policy.approvers:
+        return APPROVERS
+    return tuple(u for a in policy.approvers for u in GROUPS.get(a, (a,)))
+
+
+def outsiders(tool: str) -> tuple[str, ...]:
+    """People who may not decide the tool's gates (before an escalation): the requester, a
+    stranger, the other approvers, whom it escalates to."""
+    allowed = deciders(tool)
+    policy = POLICIES.get(tool)
+    others = [REQUESTER, STRANGER, *APPROVERS, *(policy.escalate_to if policy else ())]
+    return tuple(dict.fromkeys(u for u in others if u not in allowed))
 
 
 class People:
@@ -447,7 +488,7 @@ class People:
             if gate.gate_id in self.gates:
                 continue
             op = self.op_of(gate.args)
-            fate = random.Random(f"{SEED}:{op}").choices(FATES, FATE_WEIGHTS)[0]
+            fate = fate_of(op, gate.tool)
             rec = GateRecord(gate.gate_id, run_id, op, gate.tool, fate, gate.deadline)
             if child is not None:
                 rec.depth = child.depth
@@ -503,7 +544,14 @@ class People:
             await asyncio.sleep(0.1)
 
     async def click(
-        self, rec: GateRecord, kind: str, user: str, *, wait: float = 5.0, **kw: Any
+        self,
+        rec: GateRecord,
+        kind: str,
+        user: str,
+        *,
+        wait: float = 5.0,
+        outsider: bool = False,
+        **kw: Any,
     ) -> Click:
         """Click Approve or Deny on the gate's card, with the value the card carries."""
         name = self.reply_name("click")
@@ -515,7 +563,7 @@ class People:
         sent = time.monotonic()
         if value is None:  # no card shown yet: nothing to click (the person looks again)
             self.counts["clicks not made: no card shown yet"] += 1
-            return Click(kind, user, sent, 0, name)
+            return Click(kind, user, sent, 0, name, outsider=outsider)
         channel, ts = self.slack.card_at.get(rec.gate_id, (CHANNEL, "1700000000.000100"))
         status = await self.send(
             lambda: self.client.action(
@@ -528,17 +576,20 @@ class People:
                 **kw,
             )
         )
-        c = Click(kind, user, sent, status, name)
+        c = Click(kind, user, sent, status, name, outsider=outsider)
         if status == 200:
             c.acked_unix = time.time()
         rec.clicks.append(c)
-        self.clicked(rec, c)
+        if outsider and status == 200:
+            self.counts[f"outsider clicks acknowledged ({kind})"] += 1
+        if not outsider:
+            self.clicked(rec, c)
         return c
 
-    async def deny(self, rec: GateRecord, user: str) -> None:
+    async def deny(self, rec: GateRecord, user: str, *, outsider: bool = False) -> None:
         """The Deny button, then the modal it opens, submitted with a reason."""
         trigger = self.reply_name("trigger")
-        c = await self.click(rec, "deny-button", user, trigger_id=trigger)
+        c = await self.click(rec, "deny-button", user, trigger_id=trigger, outsider=outsider)
         if c.status != 200:
             return
         end = time.monotonic() + 3
@@ -555,7 +606,9 @@ class People:
                 view["callback_id"], view["private_metadata"], values=values, user_id=user
             )
         )
-        rec.clicks.append(Click("deny-submit", user, sent, status, name))
+        rec.clicks.append(Click("deny-submit", user, sent, status, name, outsider=outsider))
+        if outsider:
+            self.counts["outsiders' deny forms opened (the submission must be refused)"] += 1
 
     async def cancel(self, rec: GateRecord) -> None:
         name = self.reply_name("cancel")
@@ -583,13 +636,18 @@ class People:
     async def decide(self, rec: GateRecord) -> None:
         rng = random.Random(f"{SEED}:{rec.op}:timing")
         await asyncio.sleep(rng.uniform(0.1, 2.5))
-        if rec.fate == "expire":
+        if rec.fate in ("expire", "half"):
+            if rec.fate == "half":  # one approval of the two needed, then nobody: it expires
+                await self.click(rec, "approve", rng.choice(deciders(rec.tool)))
             if rng.random() < 0.3:  # a click after the deadline: must not run the call
                 await asyncio.sleep(max(0.0, rec.deadline - time.time()) + 0.3)
                 # On the card as it was shown (a Slack client that has not refreshed yet).
-                if (await self.click(rec, "approve", APPROVER, wait=0)).status:
+                user = rng.choice(deciders(rec.tool))
+                if (await self.click(rec, "approve", user, wait=0)).status:
                     self.counts["late clicks (after the deadline)"] += 1
             return
+        if rec.fate == "escalated" and not await self.wait_escalated(rec, rng):
+            return  # decided meanwhile, expired or gone: nothing more to click
         give_up = time.monotonic() + 90
         attempt = 0
         while time.monotonic() < give_up:
@@ -599,20 +657,7 @@ class People:
                 self.counts["clicked again (the first did not take)"] += 1
             attempt += 1
             n_before = len(rec.clicks)
-            if rec.fate == "approve":
-                await self.click(rec, "approve", rng.choice([APPROVER, APPROVER2]))
-            elif rec.fate == "deny":
-                await self.deny(rec, rng.choice([APPROVER, APPROVER2]))
-            elif rec.fate == "double":
-                await asyncio.gather(
-                    self.click(rec, "approve", APPROVER), self.click(rec, "approve", APPROVER)
-                )
-            elif rec.fate == "race":
-                await asyncio.gather(
-                    self.click(rec, "approve", APPROVER), self.deny(rec, APPROVER2)
-                )
-            elif rec.fate == "cancel":
-                await self.cancel(rec)
+            await self.act(rec, rng)
             # Did it take? Give the web (and a restarting Redis) a moment.
             for _ in range(30):
                 await asyncio.sleep(0.1)
@@ -622,9 +667,100 @@ class People:
                 self.note_lost(rec, rec.clicks[n_before:])
             await asyncio.sleep(rng.uniform(0.2, 1.0))
 
+    async def act(self, rec: GateRecord, rng: random.Random) -> None:
+        """One try at the gate's fate: the clicks (or the cancel) that should decide it."""
+        fate = rec.fate
+        who = list(deciders(rec.tool))
+        rng.shuffle(who)
+        a, b = who[0], who[1 % len(who)]
+        c = who[2 % len(who)]
+        if fate == "approve":
+            await self.click(rec, "approve", a)
+        elif fate == "deny":
+            await self.deny(rec, a)
+        elif fate == "double":
+            await asyncio.gather(self.click(rec, "approve", a), self.click(rec, "approve", a))
+        elif fate == "race":
+            await asyncio.gather(self.click(rec, "approve", a), self.deny(rec, b))
+        elif fate == "cancel":
+            await self.cancel(rec)
+        elif fate in ("outsider-approve", "outsider-deny"):
+            who_not = await self.outsiders_now(rec)
+            if fate == "outsider-deny":  # the starter may deny their own run's call
+                who_not = [u for u in who_not if u != REQUESTER]
+            if who_not:
+                if fate == "outsider-approve":
+                    await self.click(rec, "approve", rng.choice(who_not), outsider=True)
+                else:
+                    await self.deny(rec, rng.choice(who_not), outsider=True)
+            await self.click(rec, "approve", a)
+        elif fate == "escalated":  # the escalated person approves (with one more, for a quorum)
+            if rec.tool in QUORUM:
+                await asyncio.gather(
+                    self.click(rec, "approve", a), self.click(rec, "approve", ESCALATE_TO)
+                )
+            else:
+                await self.click(rec, "approve", ESCALATE_TO)
+        elif fate == "quorum":
+            await asyncio.gather(self.click(rec, "approve", a), self.click(rec, "approve", b))
+        elif fate == "quorum-race":  # three at once: two approvals and a denial
+            await asyncio.gather(
+                self.click(rec, "approve", a), self.click(rec, "approve", b), self.deny(rec, c)
+            )
+        elif fate == "quorum-deny":
+            await self.click(rec, "approve", a)
+            await self.deny(rec, b)
+        elif fate == "quorum-again":  # the same person twice counts once; then a second
+            await asyncio.gather(self.click(rec, "approve", a), self.click(rec, "approve", a))
+            await self.click(rec, "approve", b)
+        elif fate == "requester":  # the requester's approval never counts
+            await self.click(rec, "approve", REQUESTER, outsider=True)
+            await asyncio.gather(self.click(rec, "approve", a), self.click(rec, "approve", b))
+        else:
+            raise AssertionError(f"unknown fate {fate}")
+
+    async def gate_fields(self, gate_id: str, *fields: str) -> list[str | None] | None:
+        """Fields of the gate's hash (None while Redis is down)."""
+        got = await self.safely(self.redis.hmget(self.keys.gate(gate_id), list(fields)))
+        return None if got is None else list(got)
+
+    async def outsiders_now(self, rec: GateRecord) -> list[str]:
+        """Who may not decide the gate now (its escalation, if it fired, let more in)."""
+        got = await self.gate_fields(rec.gate_id, "escalated_at")
+        if got is None:
+            return []
+        escalated = bool(got[0])
+        return [u for u in outsiders(rec.tool) if not (escalated and u == ESCALATE_TO)]
+
+    async def wait_escalated(self, rec: GateRecord, rng: random.Random) -> bool:
+        """The escalated fate: whom the gate escalates to clicks too early once (refused, when
+        well before the escalation), then waits for it. False: the gate left pending (or
+        could not be read) before it escalated."""
+        early = True
+        end = rec.deadline + 1
+        while time.time() < end:
+            got = await self.gate_fields(rec.gate_id, "status", "escalate_at", "escalated_at")
+            if got is not None:
+                status, at, fired = got
+                if status != "pending":
+                    return False
+                if fired:
+                    self.counts["escalated fates: the escalation seen"] += 1
+                    return True
+                if early and at and time.time() < float(at) - 0.7:
+                    early = False
+                    await self.click(rec, "approve", ESCALATE_TO, outsider=True)
+                    self.counts["escalated fates: a click before the escalation"] += 1
+            await asyncio.sleep(0.2)
+        return False
+
     def note_lost(self, rec: GateRecord, clicks: list[Click]) -> None:
         """Clicks that got through but decided nothing within 3 s: why?"""
-        deciding = [c for c in clicks if c.status == 200 and c.kind in ("approve", "deny-submit")]
+        deciding = [
+            c
+            for c in clicks
+            if c.status == 200 and c.kind in ("approve", "deny-submit") and not c.outsider
+        ]
         for c in deciding:
             text = self.told(c.reply_name)
             low = text.lower()
@@ -633,7 +769,11 @@ class People:
             elif c.sent_unix >= rec.deadline:
                 continue
             elif text:
-                if not any(w in low for w in ("already", "expired", "cancelled", "closed")):
+                # "counted": a quorum's approval, waiting for the others (a pending gate with
+                # its quorum met is a violation of its own: verdict.check_quorums).
+                if not any(
+                    w in low for w in ("already", "expired", "cancelled", "closed", "counted")
+                ):
                     # An approver clicked the card's own button in time and was refused.
                     self.lost.append(f"{c.kind} of {rec.op} refused: {text[:120]!r}")
                 continue

@@ -6,10 +6,18 @@ an un-gated tool (``helper``, ``deep``) or a gated one (``helper_gated``, ``deep
 of one of those runs the sub-agent as a child run whose first user message is the call's
 ``task`` (the soak scripts its fake model by that text).
 
-Every tool appends ``start <tool> <op> <pid>`` before its side effect and ``end <tool> <op>
-<pid>`` after it to the file named by ``SOAK_JOURNAL``. ``op`` is unique per scripted call, so
-the soak can count how many times each call really ran, across processes that are SIGKILLed
-at random moments (a line written before the kill is in the page cache and survives it).
+Three more gated tools exercise the routes, reminders, escalation and quorums: ``pay`` (its
+cards in the approval channel ``FIN_CHANNEL``, decided by the ``FIN_GROUP`` user group only,
+reminded after 1 s and escalated to ``ESCALATE_TO`` after 2 s), ``wire`` (two approvals, its
+cards in the approval channel too, reminded) and ``vote`` (two approvals in the task's
+thread, escalated). :data:`POLICIES` says the same for the verdict.
+
+Every tool appends ``start <tool> <op> <pid> <args hash>`` before its side effect and ``end
+<tool> <op> <pid> <args hash>`` after it to the file named by ``SOAK_JOURNAL`` (the hash of the
+arguments the tool received, as :func:`agent_core.gating.args_hash` computes it: the verdict
+compares it with the gate's ``decided_hash``). ``op`` is unique per scripted call, so the soak
+can count how many times each call really ran, across processes that are SIGKILLed at random
+moments (a line written before the kill is in the page cache and survives it).
 """
 
 from __future__ import annotations
@@ -17,16 +25,27 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from agent_core import Agent, tool
+from agent_core.gating import args_hash
+from tests.soak.config import (
+    ESCALATE_AFTER,
+    ESCALATE_TO,
+    FIN_CHANNEL,
+    FIN_GROUP,
+    REMIND_AFTER,
+)
 
 
-def _journal(event: str, tool_name: str, op: str) -> None:
+def _journal(event: str, tool_name: str, op: str, **args: Any) -> None:
     path = os.environ.get("SOAK_JOURNAL")
     if not path:
         return
+    digest = args_hash({"op": op, **args})
     with open(path, "a", encoding="utf-8") as f:
-        f.write(f"{event} {tool_name} {op} {os.getpid()}\n")
+        f.write(f"{event} {tool_name} {op} {os.getpid()} {digest}\n")
 
 
 @tool(requires_approval=True)
@@ -41,9 +60,9 @@ async def act(op: str) -> str:
 @tool(requires_approval=True)
 def slow_act(op: str, seconds: float) -> str:
     """A slow irreversible operation (gated); a worker killed meanwhile leaves it in doubt."""
-    _journal("start", "slow_act", op)
+    _journal("start", "slow_act", op, seconds=seconds)
     time.sleep(seconds)
-    _journal("end", "slow_act", op)
+    _journal("end", "slow_act", op, seconds=seconds)
     return f"did {op}"
 
 
@@ -64,7 +83,62 @@ def peek(op: str) -> str:
     return f"did {op}"
 
 
-TOOLS = [act, slow_act, resync, peek]
+@tool(
+    requires_approval=True,
+    approvers=FIN_GROUP,
+    approval_channel=FIN_CHANNEL,
+    remind_after=REMIND_AFTER,
+    escalate_after=ESCALATE_AFTER,
+    escalate_to=ESCALATE_TO,
+)
+async def pay(op: str) -> str:
+    """A payment: decided in the approval channel by the finance group (or, once escalated,
+    by whom it was escalated to)."""
+    _journal("start", "pay", op)
+    await asyncio.sleep(0.02)
+    _journal("end", "pay", op)
+    return f"did {op}"
+
+
+@tool(requires_approval=True, approvals=2, approval_channel=FIN_CHANNEL, remind_after=REMIND_AFTER)
+async def wire(op: str) -> str:
+    """A transfer that needs two approvers, decided in the approval channel."""
+    _journal("start", "wire", op)
+    await asyncio.sleep(0.02)
+    _journal("end", "wire", op)
+    return f"did {op}"
+
+
+@tool(requires_approval=True, approvals=2, escalate_after=ESCALATE_AFTER, escalate_to=ESCALATE_TO)
+async def vote(op: str) -> str:
+    """A change that needs two approvers, in the task's thread; escalated after 2 s."""
+    _journal("start", "vote", op)
+    await asyncio.sleep(0.02)
+    _journal("end", "vote", op)
+    return f"did {op}"
+
+
+TOOLS = [act, slow_act, resync, peek, pay, wire, vote]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the verdict expects of a tool's gates (the tool's options above)."""
+
+    approvers: tuple[str, ...] = ()  # () : the APPROVERS setting
+    channel: str = ""  # "": the task's thread
+    approvals: int = 1
+    remind: bool = False
+    escalate_to: tuple[str, ...] = ()
+
+
+POLICIES = {
+    "pay": Policy((FIN_GROUP,), FIN_CHANNEL, 1, True, (ESCALATE_TO,)),
+    "wire": Policy((), FIN_CHANNEL, 2, True),
+    "vote": Policy((), "", 2, False, (ESCALATE_TO,)),
+}
+ROUTED = frozenset(t for t, p in POLICIES.items() if p.channel)
+QUORUM = frozenset(t for t, p in POLICIES.items() if p.approvals > 1)
 
 deep_agent = Agent(
     name="soak_deep",

@@ -32,6 +32,27 @@ A consumer group of the soak's own (``soak-audit``) reads every event: a second
 or a second end for one run is a violation; so is a gate seen decided and later pending (or
 decided otherwise) by any of the soak's reads.
 
+Routes, reminders, escalation and quorums (the soak agent's ``pay``, ``wire`` and ``vote``,
+at every depth): ``pay``'s cards go to an approval channel and only a user group's members may
+decide them; ``wire`` needs two approvals in that channel; ``vote`` two in the thread. ``pay``
+and ``wire`` are reminded after 1 s; ``pay`` and ``vote`` escalated to one more person after
+2 s. Their fates add outsiders clicking first (the requester, a stranger, the other approvers,
+the escalation's person before it fired: all must be refused), the escalated person deciding
+after the escalation, two or three approvers racing for a quorum, one approval and a deny, the
+same person twice, the requester's approval, one approval only. The bot is removed from the
+approval channel now and then for a few seconds, and invited back: a card posted meanwhile
+falls back to the task's thread, saying why. ``promises.py`` checks these (one method per
+promise): exactly one card per routed gate (in the channel with one line in the task's
+thread showing the final outcome, or in the thread with the reason, while the bot was out);
+no decision or counted approval by someone off the gate's list (whom it escalated to only
+after the escalation); each reminder and escalation at most once per gate and never after its
+decision (the events' and the gate's times), and Slack told of each at most once; a quorum
+approved by two distinct non-requesters, before the decision, run at most once, and no gate
+that ended otherwise with its quorum met; and every call that ran, ran with the arguments
+whose hash its gate recorded as decided (``decided_hash``; the tools journal the hash of what
+they received). A card in the channel that Slack would not update while the bot was out keeps
+what it showed: counted apart (a click on it is refused and refreshes it).
+
 Afterwards (chaos stopped, every process up again, the load drained, child runs included),
 every run at every depth is read from Redis (the top runs, then each parent's children set)
 and the checks below hold for all of them; and for sub-agents:
@@ -80,6 +101,8 @@ printed). A second summary line counts child runs, nested gates and decisions, t
 results checked, and the faults that hit while a child run was active.
 
 The parts: ``config.py`` (what the modules share: the seed, who is who, the fates);
+``soak_agent.py`` (the agent, its tools and their routes: ``POLICIES``);
+``promises.py`` (the checks of the routes, reminders, escalation, quorums and hashes);
 ``chaos.py`` (the processes and the faults); ``bound.py`` (the timed master kills and the
 failover bound); ``people.py`` (the fake Slack, the plans, the
 requester and the approvers); ``verdict.py`` (the events audit and the verdict); this file
@@ -114,7 +137,16 @@ from tests.redis_server import RedisServer, free_port
 from tests.slack_fake import SlackClient
 from tests.soak.bound import Armed, MasterKill
 from tests.soak.chaos import FAILOVERS, REDIS_RESTARTS, Chaos, Proc, in_thread
-from tests.soak.config import APPROVER, APPROVER2, AUDIT_GROUP, CLUSTER, REPO, SEED, redis_failed
+from tests.soak.config import (
+    APPROVERS,
+    AUDIT_GROUP,
+    CLUSTER,
+    FIN_CHANNEL,
+    GROUPS,
+    REPO,
+    SEED,
+    redis_failed,
+)
 from tests.soak.people import CallPlan, ChildRun, GateRecord, People, RunPlan, SoakSlack
 from tests.soak.verdict import Verdict
 
@@ -161,6 +193,12 @@ KNOWN = {
         "tests/security/test_crash_windows.py",
         "test_no_card_keeps_live_buttons_after_a_crash_between_post_and_record",
     ),
+    "stale_channel_card": Known(
+        "a card in the approval channel that Slack refused to update while the bot was out of "
+        "the channel keeps what it showed (live buttons, or Running…) once the bot is back",
+        "tests/bot/test_channel_rejoin.py",
+        "test_a_card_in_the_channel_shows_its_outcome_once_the_app_is_back",
+    ),
 }
 
 
@@ -200,6 +238,12 @@ class Soak(People, Chaos, Verdict):
         self.harness_errors: list[str] = []  # the soak's own failures (not the gateway's)
         self.error_kinds: Counter[str] = Counter()
         self.orphans: set[str] = set()
+        self.stale_in_channel: set[str] = set()
+        self.nudge_events: dict[str, list[tuple[str, float, str]]] = {}
+        self.approval_events: Counter[str] = Counter()
+        self.bot_out: list[tuple[float, float]] = []  # unix times the bot was out of FIN_CHANNEL
+        for group, members in GROUPS.items():
+            slack.set_usergroup(group, list(members))
         # Seen by the soak's own reads and its events audit: violations found along the way.
         # gate id -> (first decided status seen, when the soak learnt it: time.monotonic())
         self.seen_status: dict[str, tuple[str, float]] = {}
@@ -256,7 +300,7 @@ class Soak(People, Chaos, Verdict):
             "SLACK_BOT_TOKEN": slack.token,
             "SLACK_SIGNING_SECRET": SECRET,
             "SLACK_API_URL": slack.base_url,
-            "APPROVERS": f"{APPROVER},{APPROVER2}",
+            "APPROVERS": ",".join(APPROVERS),
             "PORT": str(self.port),
             "LOG_LEVEL": "INFO",
         }
@@ -313,6 +357,7 @@ class Soak(People, Chaos, Verdict):
                 self.kill_web(),
                 self.fail_over_masters(redis_at) if self.cluster else self.restart_redis(redis_at),
                 self.pause_workers(),
+                self.leave_channel(),
             )
         ]
         background = [
@@ -324,6 +369,7 @@ class Soak(People, Chaos, Verdict):
             self.loading = False
             self.chaos = False
             await self.stop_tasks(chaos)  # one may be between a kill and its restart
+            self.slack.invite_bot(FIN_CHANNEL)
             for p in (*self.workers, self.web):
                 if not p.alive:
                     p.start()
@@ -393,6 +439,7 @@ class Soak(People, Chaos, Verdict):
         off (seen: lag 842 on a stream whose last entry the group had read), and it can
         also be NULL."""
         end = time.monotonic() + seconds
+        next_note = time.monotonic() + 30
         why: list[str] = []
         while time.monotonic() < end:
             why = []
@@ -412,6 +459,9 @@ class Soak(People, Chaos, Verdict):
                 why = await self.card_problems()
                 if not why:
                     return
+            if time.monotonic() >= next_note:  # what it waits for, now and then (chaos.log)
+                next_note = time.monotonic() + 30
+                self.note(f"cards settling: {len(why)} to go, e.g. {why[:5]}")
             await asyncio.sleep(1.0)
         self.note(f"cards not settled after {seconds:.0f} s: {why[:10]}")
         self.counts["cards not settled in time (see chaos.log)"] += 1
@@ -485,6 +535,7 @@ async def test_soak(tmp_path: Path) -> None:
         f"takeovers={takeovers}, {redis_faults}, "
         f"in-doubt calls={counts['calls in doubt']}, violations={len(violations)}"
     )
+    fell_back = "routed cards fallen back to the task's thread"
     child_faults = sum(
         v for k, v in counts.items() if k.startswith("faults while a child run was active:")
     )
@@ -501,6 +552,23 @@ async def test_soak(tmp_path: Path) -> None:
         f"{counts['worker SIGKILLs while it held a child run lease']}, "
         f"pauses holding one {counts['pauses of a worker that held a child run lease']}, "
         f"child takeovers {counts['takeovers of child runs']})"
+    )
+    print(
+        f"soak routes, nudges, quorums (seed {SEED}): "
+        f"routed gates={counts['routed gates']} "
+        f"(in the channel {counts['routed cards posted in the approval channel']}, "
+        f"fallen back to the thread {counts[fell_back]}; "
+        f"bot removals {counts['bot removed from the approval channel (and invited back)']}, "
+        f"stale cards left in the channel "
+        f"{counts['cards in the approval channel left stale: the bot was out of it']}), "
+        f"outsider clicks refused={counts['outsider clicks acknowledged and refused']}, "
+        f"reminders={counts['gate.reminded events']}, escalations={counts['gate.escalated events']} "
+        f"(decided by the escalated person "
+        f"{counts['gates decided by whom they were escalated to (after it)']}), "
+        f"quorum gates approved={counts['quorum gates approved']} "
+        f"(racing {counts['quorum gates approved by racing approvers']}), "
+        f"denied={counts['quorum gates denied']}, expired={counts['quorum gates expired']}, "
+        f"executed calls hash-checked={counts['executed calls whose arguments hash was checked']}"
     )
     if CLUSTER:
         print(f"soak {soak.bound_summary}")

@@ -31,8 +31,9 @@ from agent_core.streams import stream_groups
 from agent_core.testing import FakeOpenAI
 from bot import cards, run_cards
 from tests.soak.chaos import Proc
-from tests.soak.config import AUDIT_GROUP, redis_failed
+from tests.soak.config import AUDIT_GROUP, FIN_CHANNEL, redis_failed
 from tests.soak.people import CallPlan, ChildRun, GateRecord, RunPlan, SoakSlack, op_depth
+from tests.soak.promises import Promises
 from tests.soak.soak_agent import GATED_SUB_AGENTS, IDEMPOTENT, SUB_AGENTS
 
 
@@ -56,7 +57,7 @@ class RunNode:
         return self.h.get("task", "")
 
 
-class Verdict:
+class Verdict(Promises):
     """The events audit (while the soak runs) and the verdict (once it has drained)."""
 
     # Set by Soak.__init__ (tests/soak/test_soak.py).
@@ -76,6 +77,10 @@ class Verdict:
     lost: list[str]
     error_kinds: Counter[str]
     orphans: set[str]
+    # Cards in the approval channel whose update Slack refused while the soak had the bot out
+    # of it (not_in_channel): they keep showing what they showed (live buttons included; a
+    # click is refused and refreshes the card). Counted apart, reported.
+    stale_in_channel: set[str]
     seen_status: dict[str, tuple[str, float]]
     flipped: set[str]
     audit_violations: list[str]
@@ -88,6 +93,8 @@ class Verdict:
     opened_at: dict[str, list[float]]  # run id -> its gate.opened events' times
     ended_at: dict[str, float]  # run id -> its end event's time
     audited: set[tuple[str, str]]
+    nudge_events: dict[str, list[tuple[str, float, str]]]  # gate id -> (kind, at, event id)
+    approval_events: Counter[str]  # gate id -> gate.approval events
     takeovers: dict[str, list[str]]
     workers: list[Proc]
     web: Proc
@@ -193,6 +200,17 @@ class Verdict:
                     f"({data.get('status')}, event {msg_id})"
                 )
             self.saw(gid, str(data.get("status")), f"gate.decided event {msg_id}", time.monotonic())
+        elif kind in ("gate.reminded", "gate.escalated"):
+            gid = str(data.get("gate_id"))
+            fired = float(data.get("at") or at)
+            self.nudge_events.setdefault(gid, []).append((kind, fired, msg_id))
+            if self.decided_events[gid]:
+                bad(f"gate {gid}: {kind} after its gate.decided (event {msg_id})")
+        elif kind == "gate.approval":
+            gid = str(data.get("gate_id"))
+            self.approval_events[gid] += 1
+            if self.decided_events[gid]:
+                bad(f"gate {gid}: an approval counted after its gate.decided (event {msg_id})")
         elif kind == "tool.executed":
             key = f"{run_id}/{data.get('call_id')}"
             self.executed_events[key] += 1
@@ -213,10 +231,21 @@ class Verdict:
     def journal_starts(self) -> Counter[str]:
         starts: Counter[str] = Counter()
         for line in self.journal.read_text().splitlines():
-            event, _tool, op, _pid = line.split()
+            event, _tool, op = line.split()[:3]
             if event == "start":
                 starts[op] += 1
         return starts
+
+    def update_refused(self, channel: str, ts: str) -> bool:
+        """Whether Slack refused to update that message because the bot was out of its
+        channel (the approval channel, while the soak had removed the bot)."""
+        return any(
+            not c.ok
+            and str(c.args.get("channel")) == channel
+            and str(c.args.get("ts")) == ts
+            and c.response.get("error") in ("not_in_channel", "channel_not_found")
+            for c in self.slack.calls_to("chat.update")
+        )
 
     async def card_problems(self) -> list[str]:
         """What the cards get wrong now: live buttons on decided gates, stale outcomes."""
@@ -235,6 +264,7 @@ class Verdict:
             )
             recorded[gate_id] = card.get("ts", "")
         self.orphans = set()
+        self.stale_in_channel = set()
         for msg in self.slack.messages:
             for block in msg.blocks:
                 if block.get("type") != "actions":
@@ -248,55 +278,68 @@ class Verdict:
                         continue
                     if gid in recorded and recorded[gid] != msg.ts:
                         self.orphans.add(msg.ts)  # a duplicate card: a known issue
+                    elif self.stale_in_channel_card(msg):
+                        self.stale_in_channel.add(msg.ts)  # see stale_in_channel
                     else:
                         problems.append(f"message {msg.ts} has live buttons for {st} {gid}")
         for gate_id, st in statuses.items():
-            rec = self.gates[gate_id]
-            card = await self.safely(
-                self.redis.hgetall(
-                    self.keys.ext("slack-card", gate_id, self.keys.shard_of(gate_id))
-                ),
-                {},
-            )
-            shown = (
-                self.slack.message(card.get("channel", ""), card.get("ts", "")) if card else None
-            )
-            if shown is None:
-                problems.append(f"gate {gate_id} ({st}) has no card")
+            found, shown = await self.gate_card_problems(gate_id, st, starts)
+            if found and shown is not None and self.stale_in_channel_card(shown):
+                self.stale_in_channel.add(shown.ts)  # see stale_in_channel
                 continue
-            word = {
-                "approved": "Approved",
-                "denied": "Denied",
-                "expired": "Expired",
-                "cancelled": "Cancelled",
-            }.get(st, "Approval needed")
-            if not shown.text.startswith(word):
-                problems.append(f"card of {st} gate {gate_id} says {shown.text[:40]!r}")
-            if st == "approved" and "Running" in json.dumps(shown.blocks):
-                if self.is_sub_call(rec.op):
-                    kids = [
-                        c.run_id
-                        for c in self.children.values()
-                        if c.plan is not None and c.plan.parent_op == rec.op
-                    ]
-                    if any(k in self.finished_children for k in kids):
-                        problems.append(f"card of {rec.op} still says Running… (its child ended)")
-                        continue
-                    if kids:
-                        continue  # the child runs: its outcome comes when it ends
-                if starts[rec.op]:
-                    problems.append(f"card of {rec.op} still says Running… (it ran)")
-                else:  # fixed in f742387: an approved call of a cancelled run never runs
-                    run_status = await self.safely(
-                        self.redis.hget(self.keys.run(rec.run_id), "status")
-                    )
-                    if run_status in ("cancelled", "failed", "completed"):
-                        problems.append(
-                            f"card of {rec.op} says Running…; it never ran "
-                            f"[{self.where_gate(rec)}, run {run_status}, "
-                            f"run.cancelled {self.cancelled_events.get(rec.run_id)}]"
-                        )
+            problems += found
         return problems
+
+    def stale_in_channel_card(self, shown: Any) -> bool:
+        """A card in the approval channel whose update Slack refused while the bot was out of
+        it: a known issue (KNOWN["stale_channel_card"] in test_soak.py)."""
+        return shown.channel == FIN_CHANNEL and self.update_refused(shown.channel, shown.ts)
+
+    async def gate_card_problems(
+        self, gate_id: str, st: str, starts: Counter[str]
+    ) -> tuple[list[str], Any]:
+        """What the gate's card gets wrong now (its outcome, "Running…"), and the card."""
+        found: list[str] = []
+        rec = self.gates[gate_id]
+        card = await self.safely(
+            self.redis.hgetall(self.keys.ext("slack-card", gate_id, self.keys.shard_of(gate_id))),
+            {},
+        )
+        shown = self.slack.message(card.get("channel", ""), card.get("ts", "")) if card else None
+        if shown is None:
+            found.append(f"gate {gate_id} ({st}) has no card")
+            return found, None
+        word = {
+            "approved": "Approved",
+            "denied": "Denied",
+            "expired": "Expired",
+            "cancelled": "Cancelled",
+        }.get(st, "Approval needed")
+        if not shown.text.startswith(word):
+            found.append(f"card of {st} gate {gate_id} says {shown.text[:40]!r}")
+        if st == "approved" and "Running" in json.dumps(shown.blocks):
+            if self.is_sub_call(rec.op):
+                kids = [
+                    c.run_id
+                    for c in self.children.values()
+                    if c.plan is not None and c.plan.parent_op == rec.op
+                ]
+                if any(k in self.finished_children for k in kids):
+                    found.append(f"card of {rec.op} still says Running… (its child ended)")
+                    return found, shown
+                if kids:
+                    return found, shown  # the child runs: its outcome comes when it ends
+            if starts[rec.op]:
+                found.append(f"card of {rec.op} still says Running… (it ran)")
+            else:  # fixed in f742387: an approved call of a cancelled run never runs
+                run_status = await self.safely(self.redis.hget(self.keys.run(rec.run_id), "status"))
+                if run_status in ("cancelled", "failed", "completed"):
+                    found.append(
+                        f"card of {rec.op} says Running…; it never ran "
+                        f"[{self.where_gate(rec)}, run {run_status}, "
+                        f"run.cancelled {self.cancelled_events.get(rec.run_id)}]"
+                    )
+        return found, shown
 
     async def run_tree(self) -> dict[str, RunNode]:
         """Every run at every depth, read from Redis: the top runs of the plans, then their
@@ -546,7 +589,8 @@ class Verdict:
             if st == "pending":
                 bad(f"{nested}gate {rec.gate_id} ({rec.op}) still pending")
             elif st == "approved":
-                if not rec.sent("approve"):
+                by = await self.safely(self.redis.hget(self.keys.gate(rec.gate_id), "decided_by"))
+                if not rec.sent("approve", by or ""):
                     bad(f"{rec.op} approved but nobody clicked Approve")
                 status = await self.safely(self.redis.hget(self.keys.run(rec.run_id), "status"))
                 if status == "completed" and n == 0:
@@ -555,7 +599,8 @@ class Verdict:
                 if status == "cancelled" and n == 0:
                     self.counts["approved calls of runs cancelled before they ran"] += 1
             elif st == "denied":
-                if not rec.sent("deny-submit"):
+                by = await self.safely(self.redis.hget(self.keys.gate(rec.gate_id), "decided_by"))
+                if not rec.sent("deny-submit", by or ""):
                     bad(f"{rec.op} denied but nobody submitted a denial")
                 if n:
                     bad(f"{rec.op} ran although denied")
@@ -579,9 +624,14 @@ class Verdict:
             if k.startswith("nested gates ") and k != "nested gates pending"
         )
         violations += await self.card_problems()
+        self.counts["cards in the approval channel left stale: the bot was out of it"] = len(
+            self.stale_in_channel
+        )
+        violations += await self.promises(tree)
         violations += self.lost
         violations += self.audit_violations
         self.known["orphan_card"] = len(self.orphans)
+        self.known["stale_channel_card"] = len(self.stale_in_channel)
         for p in (*self.workers, self.web):
             errors = p.errors()
             self.counts[f"ERROR lines logged by {p.name}"] = len(errors)
