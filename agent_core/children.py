@@ -75,6 +75,8 @@ async def spawn(
         "parent_turn": str(turn),
         "depth": str(depth),
     }
+    if call.get("gate_id"):  # its approval's gate: the child's end is audited there
+        fields["parent_gate"] = str(call["gate_id"])
     if note:  # appended to its answer in the parent's call result (agent_core.editing)
         fields["parent_note"] = note
     res = await scripts.spawn_child(

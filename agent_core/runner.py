@@ -662,9 +662,8 @@ class Runner:
         assert child is not None
         depth = int(run.get("depth") or 0) + 1
         if depth > self.max_depth:
-            return await self._settle(
-                run, turn, call, messages.too_deep(t.name, self.max_depth), fence
-            )
+            too_deep = messages.too_deep(t.name, self.max_depth)
+            return await self._settle(run, turn, call, too_deep, fence, call.get("gate_id"))
         res = await children.spawn(
             self.scripts,
             run,

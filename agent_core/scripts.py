@@ -106,6 +106,16 @@ class Scripts(ScriptSet):
             return [k.run(run_id), k.run(run_id), jobs]
         return [k.run(parent), k.turn(parent, int(family.get("parent_turn") or 0)), jobs]
 
+    def _parent_gate_key(self, run_id: str, family: dict[str, str]) -> str:
+        """The gate hash of the parent's call that started this child run (``family``'s
+        ``parent_gate``), where its outcome is audited; the run's own hash when there is
+        none (the script finds no such gate there and audits nothing)."""
+        gate_id = family.get("parent_gate") or ""
+        k = self.keys
+        if family.get("parent") and k.owns(gate_id) and k.shard_of(gate_id) == k.shard_of(run_id):
+            return k.gate(gate_id)
+        return k.run(run_id)
+
     # --- runs and jobs ---------------------------------------------------------------------
     async def start_run(
         self,
@@ -245,8 +255,10 @@ class Scripts(ScriptSet):
             k.finished(shard),
             k.active(shard),
             k.run_inbox(run_id),
-            *(self._parent_keys(run_id, run) if run.get("parent") else ()),
         ]
+        if run.get("parent"):
+            keys += [*self._parent_keys(run_id, run), self._parent_gate_key(run_id, run)]
+            keys += self._audit_keys(shard)
         args = [fence, turn, assistant, "done" if done else "tools", final, completed, now]
         return _step(await self._run("record_turn", keys, [*args, *fields]))
 
@@ -615,6 +627,7 @@ class Scripts(ScriptSet):
             k.turn(run_id, turn),
             *self._audit_keys(shard),
             *(k.gate(g) for g in gate_ids),
+            self._parent_gate_key(run_id, family),
         ]
 
     async def fail_run(
@@ -667,6 +680,7 @@ class Scripts(ScriptSet):
             *self._parent_keys(run_id, family),
             *self._audit_keys(shard),
             *(k.gate(g) for g in gate_ids),
+            self._parent_gate_key(run_id, family),
         ]
         args = [by, reason, run_id, turn, told, attempt, *gate_ids]
         res = await self._run("cancel_run", keys, args)

@@ -65,11 +65,12 @@ class Stopper:
         for _ in range(10):
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.smembers(k.run_gates(run_id))
-                pipe.hmget(k.run(run_id), ["turn", "parent", "parent_turn", "agent"])
-                members, (turn, parent, parent_turn, agent) = await pipe.execute()
+                pipe.hmget(k.run(run_id), ["turn", "parent", "parent_turn", "agent", "parent_gate"])
+                members, (turn, parent, parent_turn, agent, pgate) = await pipe.execute()
             gate_ids = sorted(members)
             turn = turn or "0"
             family = {"parent": parent or "", "parent_turn": parent_turn or "0"}
+            family["parent_gate"] = pgate or ""
             told = ""
             if parent:
                 told = (
@@ -152,10 +153,15 @@ class Stopper:
         """
         k = self.keys
         error = redact_secrets(clean_text(error))
-        origin, parent, parent_turn, agent, waiting = await self.redis.hmget(
-            k.run(run_id), ["origin", "parent", "parent_turn", "agent", "children_pending"]
+        origin, parent, parent_turn, agent, waiting, pgate = await self.redis.hmget(
+            k.run(run_id),
+            ["origin", "parent", "parent_turn", "agent", "children_pending", "parent_gate"],
         )
-        run = {"parent": parent or "", "parent_turn": parent_turn or "0"}
+        run = {
+            "parent": parent or "",
+            "parent_turn": parent_turn or "0",
+            "parent_gate": pgate or "",
+        }
         told = messages.sub_agent_failed(agent or "", error) if parent else ""
         data = json.dumps(
             {

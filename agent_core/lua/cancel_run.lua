@@ -5,7 +5,8 @@
 -- KEYS: run_key, deadlines_key, events_key, run_gates_key, finished_key, active_key,
 --   turn_key (the current turn's hash), parent_key, parent_turn_key, jobs_key (as in
 --   FAIL_RUN), audit_key, audit_head_key (the shard's audit trail), then every gate hash of
---   the run (the members of run_gates_key, in ARGV order)
+--   the run (the members of run_gates_key, in ARGV order), then parent_gate_key (as in
+--   FAIL_RUN)
 -- ARGV: by, reason, run_id, turn (the current turn: guard), told (what the parent's model
 --   is told; '' for a run without parent), attempt (recorded as `cancel_attempt`), then
 --   the gate ids
@@ -16,13 +17,13 @@ local run_key, deadlines_key, events_key, run_gates_key, finished_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local active_key, turn_key, parent_key, parent_turn_key, jobs_key =
   KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local audit_key, audit_head_key = KEYS[11], KEYS[12]
+local audit_key, audit_head_key, parent_gate_key = KEYS[11], KEYS[12], KEYS[#KEYS]
 local by, reason, run_id, turn, told, attempt = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 --!include finished.lua
 --!include close_gate.lua
+--!include audit.lua
 --!include report_child.lua
 --!include json_list.lua
---!include audit.lua
 local st = redis.call('HGET', run_key, 'status')
 if not st then return {'missing'} end
 if finished(st) then
@@ -32,7 +33,7 @@ if finished(st) then
   end
   return {'finished', st}
 end
-if redis.call('SCARD', run_gates_key) ~= #KEYS - 12
+if redis.call('SCARD', run_gates_key) ~= #KEYS - 13
   or (redis.call('HGET', run_key, 'turn') or '0') ~= turn then
   return {'retry'}
 end
@@ -40,7 +41,7 @@ local t = redis.call('TIME')
 local nowstr = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
 local origin = redis.call('HGET', run_key, 'origin') or '{}'
 local never, running = {}, {}
-for i = 13, #KEYS do
+for i = 13, #KEYS - 1 do
   local gid = ARGV[i - 6]
   local gs = redis.call('HGET', KEYS[i], 'status')
   if gs == 'pending' then
@@ -68,6 +69,7 @@ redis.call('XADD', events_key, '*', 'type', 'run.cancelled', 'run_id', run_id, '
 redis.call('ZADD', finished_key, nowstr, run_id)
 redis.call('ZREM', active_key, run_id)
 if told ~= '' then
-  report_child(run_key, parent_key, parent_turn_key, jobs_key, events_key, told, false)
+  report_child(run_key, parent_key, parent_turn_key, jobs_key, events_key, told, false,
+    audit_key, audit_head_key, parent_gate_key)
 end
 return {'cancelled'}

@@ -15,7 +15,9 @@
 --   parent_key, parent_turn_key, jobs_key (a child run's failure is its parent call's
 --   result; a run without parent: run_key twice and the shard's jobs stream), turn_key (the
 --   current turn's hash), audit_key, audit_head_key (the shard's audit trail), then every
---   gate hash of the run (the members of run_gates_key, in ARGV order)
+--   gate hash of the run (the members of run_gates_key, in ARGV order), then
+--   parent_gate_key (the gate of the parent's call; run_key when it had none or for a run
+--   without parent)
 -- ARGV: fence, error text, run.failed event data JSON (an object; the two lists are added
 --   to it), now, run_id, retryable ('1' or '0'), told (what the parent's model is told; ''
 --   for a run without parent), turn (the current turn: guard), not_run (the result of a
@@ -28,7 +30,7 @@ local run_key, events_key, finished_key, deadlines_key, run_gates_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local active_key, parent_key, parent_turn_key, jobs_key, turn_key =
   KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local audit_key, audit_head_key = KEYS[11], KEYS[12]
+local audit_key, audit_head_key, parent_gate_key = KEYS[11], KEYS[12], KEYS[#KEYS]
 local fence, err, failed_data, nowarg, run_id, retryable =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local told, turn, not_run, in_doubt, attempt = ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
@@ -36,9 +38,9 @@ local told, turn, not_run, in_doubt, attempt = ARGV[7], ARGV[8], ARGV[9], ARGV[1
 --!include lease.lua
 --!include finished.lua
 --!include close_gate.lua
+--!include audit.lua
 --!include report_child.lua
 --!include json_list.lua
---!include audit.lua
 local st = redis.call('HGET', run_key, 'status')
 if not st then return {ok = 'missing'} end
 if finished(st) then
@@ -49,7 +51,7 @@ if finished(st) then
   return {ok = 'finished'}
 end
 if not holds(run_key, fence) then return {ok = 'lost'} end
-if redis.call('SCARD', run_gates_key) ~= #KEYS - 12
+if redis.call('SCARD', run_gates_key) ~= #KEYS - 13
   or (redis.call('HGET', run_key, 'turn') or '0') ~= turn then
   return {ok = 'retry'}
 end
@@ -57,7 +59,7 @@ local nowstr = string.format('%.6f', now())
 local origin = redis.call('HGET', run_key, 'origin') or '{}'
 local reason = 'the run failed: ' .. err
 local gate_keys = {}
-for i = 13, #KEYS do
+for i = 13, #KEYS - 1 do
   gate_keys[ARGV[i - 1]] = KEYS[i]
   if redis.call('HGET', KEYS[i], 'status') == 'pending' then
     close_gate(KEYS[i], ARGV[i - 1], deadlines_key, events_key, run_id, '', reason, nowstr,
@@ -98,6 +100,7 @@ redis.call('XADD', events_key, '*', 'type', 'run.failed', 'run_id', run_id, 'dat
 redis.call('ZADD', finished_key, nowarg, run_id)
 redis.call('ZREM', active_key, run_id)
 if told ~= '' then
-  report_child(run_key, parent_key, parent_turn_key, jobs_key, events_key, told, false)
+  report_child(run_key, parent_key, parent_turn_key, jobs_key, events_key, told, false,
+    audit_key, audit_head_key, parent_gate_key)
 end
 return {ok = 'failed'}

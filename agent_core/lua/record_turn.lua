@@ -3,8 +3,10 @@
 -- KEYS: run_key, history_key, turn_key (the new turn's hash), events_key, finished_key,
 --   active_key, inbox_key (optional: a final answer with messages queued in it does not
 --   finish the run, whose next model turn takes them), parent_key, parent_turn_key,
---   parent_jobs_key (optional: a child run's final answer becomes the parent call's
---   result, see report_child)
+--   parent_jobs_key, parent_gate_key (the gate of the parent's call, or any other key when
+--   it had none), audit_key, audit_head_key (the shard's audit trail) (optional: a child
+--   run's final answer becomes the parent call's result and its audit entry, see
+--   report_child)
 -- ARGV: fence, turn (the run's current turn: guard), assistant message JSON, kind ('tools':
 --   calls follow, or 'done': final answer), final text, run.completed event data JSON,
 --   now, then the turn hash's field/value pairs
@@ -15,11 +17,13 @@
 local run_key, history_key, turn_key, events_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local finished_key, active_key, inbox_key = KEYS[5], KEYS[6], KEYS[7]
 local parent_key, parent_turn_key, parent_jobs_key = KEYS[8], KEYS[9], KEYS[10]
+local parent_gate_key, audit_key, audit_head_key = KEYS[11], KEYS[12], KEYS[13]
 local fence, turn, assistant, kind, final, completed, nowstr =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 --!include lease.lua
 --!include steps.lua
 --!include slices.lua
+--!include audit.lua
 --!include report_child.lua
 if (#ARGV - 7) % 2 ~= 0 or (kind ~= 'tools' and kind ~= 'done') then
   return redis.error_reply('RECORD_TURN: bad arguments')
@@ -47,7 +51,8 @@ elseif kind == 'done' then
   if parent_jobs_key then
     -- parent_note: what the parent's model reads after the answer (an edited task's note)
     report_child(run_key, parent_key, parent_turn_key, parent_jobs_key, events_key,
-      final .. (redis.call('HGET', run_key, 'parent_note') or ''), true)
+      final .. (redis.call('HGET', run_key, 'parent_note') or ''), true, audit_key,
+      audit_head_key, parent_gate_key)
   end
 else
   redis.call('HSET', run_key, 'phase', 'tools')

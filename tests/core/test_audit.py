@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from agent_core import Agent, Decision, tool
 from agent_core.audit import AuditEntry, entries, read_heads, trim, verify_shard
 from agent_core.testing import FakeOpenAI, call, reply
-from tests.agents import quorum, read_journal
+from tests.agents import quorum, read_journal, told_exactly
 from tests.core.conftest import core_settings
 from tests.core.harness import Harness
 from tests.core.workers import WorkerProcess, wait_journal
@@ -382,3 +382,111 @@ async def test_an_approved_call_of_a_cancelled_run_is_recorded_as_never_run(
         ("not_run", "U9"),
     ]
     assert read_journal(str(journal)) == []
+
+
+async def test_a_gated_sub_agent_call_records_its_childs_end_once(
+    agent_harness: Callable[[Agent], Harness], fake_openai: FakeOpenAI
+) -> None:
+    """A gated agent-as-tool call's outcome comes through its child run's report (not
+    COMPLETE_CALL): one ``executed`` when the child answers, one ``failed`` when it fails."""
+    from agent_core.testing import filtered
+    from tests.agents import editing
+
+    h = agent_harness(editing)
+    fake_openai.script(
+        "audit researcher", [call("researcher", {"task": "who runs Acme"}), reply("ok")]
+    )
+    fake_openai.script("who runs Acme", [reply("Ada runs Acme.")])
+    fake_openai.script(
+        "audit researcher fails", [call("researcher", {"task": "say filtered"}), reply("no")]
+    )
+    fake_openai.script("say filtered", [filtered()])
+    ok = await h.gateway.start_run("audit researcher", requested_by="U1")
+    bad = await h.gateway.start_run("audit researcher fails", requested_by="U1")
+    [g_ok] = await h.opened_gates(ok.run_id, 1)
+    [g_bad] = await h.opened_gates(bad.run_id, 1)
+    for g in (g_ok, g_bad):
+        assert (await h.gateway.decide(g.data["gate_id"], "approve", by="U2")).applied
+    for run in (ok, bad):
+        await h.wait_finished(run.run_id, timeout=20)
+    got = {g.run_id: await trail(h, g.data["gate_id"]) for g in (g_ok, g_bad)}
+    assert [(e.kind, e.get("by")) for e in got[ok.run_id]] == [
+        ("opened", "U1"),
+        ("approved", "U2"),
+        ("executed", ""),
+    ]
+    assert [e.kind for e in got[bad.run_id]] == ["opened", "approved", "failed"]
+    for run in (ok, bad):
+        [child] = await h.redis.smembers(h.keys.children(run.run_id))
+        outcome = got[run.run_id][-1]
+        assert (outcome.get("run_id"), outcome.get("tool")) == (run.run_id, "researcher")
+        assert outcome.get("child_run") == child
+    for shard in {h.keys.shard_of(r.run_id) for r in (ok, bad)}:
+        assert await verified(h, shard) == []
+
+
+async def test_a_cancelled_gated_sub_agent_call_records_failed_once(
+    agent_harness: Callable[[Agent], Harness], fake_openai: FakeOpenAI
+) -> None:
+    """The child cancelled while it waits on its own gate: the parent's approved call
+    ends ``failed``, once, beside the child's own gate's ``closed``."""
+    from tests.agents import billing
+    from tests.core.test_subagents import child_gate
+
+    front = Agent(
+        name="audit_front",
+        instructions="You ask billing, with an approval.",
+        tools=[billing.as_tool(requires_approval=True)],
+    )
+    h = agent_harness(front)
+    fake_openai.script(
+        "audit billing cancel", [call("billing", {"task": "refund 9"}), reply("stopped")]
+    )
+    fake_openai.script("refund 9", [call("refund", {"order": 9}), reply("never")])
+    run = await h.gateway.start_run("audit billing cancel", requested_by="U1")
+    [g] = await h.opened_gates(run.run_id, 1)
+    gid = g.data["gate_id"]
+    await h.gateway.decide(gid, "approve", by="U2")
+    child, own = await child_gate(h, run.run_id)  # the child's refund, on this thread
+    await h.gateway.cancel_run(child, by="U9")
+    await h.wait_finished(run.run_id, timeout=20)
+    assert [e.kind for e in await trail(h, gid)] == ["opened", "approved", "failed"]
+    assert [e.kind for e in await trail(h, own["gate_id"])] == ["opened", "closed"]
+    assert await verified(h, h.keys.shard_of(gid)) == []
+
+
+async def test_an_approved_call_whose_arguments_changed_is_recorded_as_not_run(
+    harness: Harness, fake_openai: FakeOpenAI, journal: Path, redis: Redis
+) -> None:
+    """The arguments the approver saw no longer match the call's (changed in Redis while the
+    run waited): the approval is not applied, and the trail says ``not_run``, once."""
+    import json
+
+    from agent_core.messages import args_changed
+    from tests.core.test_failed_turns import start, stop
+
+    h = harness
+    fake_openai.script(
+        "audit changed",
+        [
+            call("delete_user", {"user_id": "5"}),
+            reply("ok", expect=told_exactly(args_changed("delete_user"))),
+        ],
+    )
+    run = await h.gateway.start_run("audit changed", requested_by="U1")
+    [g] = await h.opened_gates(run.run_id, 1)
+    gid, cid = g.data["gate_id"], g.data["call_id"]
+    await stop(h, h.workers[0][0])  # the resume job waits until the arguments changed
+    await h.gateway.decide(gid, "approve", by="U2")
+    tkey = h.keys.turn(run.run_id, 1)
+    stored = json.loads(await redis.hget(tkey, f"call:{cid}"))
+    await redis.hset(tkey, f"call:{cid}", json.dumps({**stored, "args": {"user_id": "6"}}))
+    start(h, h.agent)
+    await h.wait_finished(run.run_id)
+    assert read_journal(str(journal)) == []
+    assert [(e.kind, e.get("by")) for e in await trail(h, gid)] == [
+        ("opened", "U1"),
+        ("approved", "U2"),
+        ("not_run", ""),
+    ]
+    assert await verified(h, h.keys.shard_of(gid)) == []

@@ -1,6 +1,9 @@
 -- Hand a finished child run's outcome (a sub-agent's answer or failure) to the parent's
 -- call, announce it, and wake the parent once nothing else of its turn is pending. A no-op
--- unless that call still waits for this child, so a second report changes nothing.
+-- unless that call still waits for this child, so a second report changes nothing. A
+-- gated call (pgate_key: its gate hash, passed by the caller; any other key when the call
+-- had no gate) gets its audit entry here, once: `executed` when the child answered,
+-- `failed` when it failed or was cancelled.
 -- cut(s, n): at most n bytes of s, never inside a UTF-8 character.
 local function cut(s, n)
   if #s <= n then return s end
@@ -12,7 +15,8 @@ local function cut(s, n)
   end
   return string.sub(s, 1, i)
 end
-local function report_child(child_key, parent_key, pturn_key, pjobs, pevents, text, ok)
+local function report_child(child_key, parent_key, pturn_key, pjobs, pevents, text, ok,
+    audit_key, audit_head_key, pgate_key)
   local c = redis.call('HMGET', child_key, 'parent', 'parent_call', 'run_id')
   local pid, cid = c[1], c[2]
   if not pid or not cid or redis.call('HGET', pturn_key, 'state:' .. cid) ~= 'child' then
@@ -28,6 +32,10 @@ local function report_child(child_key, parent_key, pturn_key, pjobs, pevents, te
   data = string.sub(data, 1, -2) .. ',"gate_id":' .. (gid and cjson.encode(gid) or 'null')
     .. ',"origin":' .. (redis.call('HGET', parent_key, 'origin') or '{}') .. '}'
   redis.call('XADD', pevents, '*', 'type', 'tool.executed', 'run_id', pid, 'data', data)
+  if gid and redis.call('HGET', pgate_key, 'gate_id') == gid then
+    audit(audit_key, audit_head_key, ok and 'executed' or 'failed', pgate_key,
+      {after_cancel = tostring(pstatus == 'cancelled'), child_run = c[3]})
+  end
   -- A finished parent has no children pending (its cancel or failure set 0): never below.
   local left = tonumber(redis.call('HGET', parent_key, 'children_pending') or '0')
   if left > 0 then left = redis.call('HINCRBY', parent_key, 'children_pending', -1) end
