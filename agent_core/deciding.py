@@ -23,6 +23,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def warn_unreplicated(gw: Gateway, gate_id: str, outcome: DecideOutcome, reached: int) -> None:
+    """Log a decision (or a grant's) that WAIT saw reach fewer replicas than
+    DECISION_REPLICAS: acknowledged, but a failover now could lose it."""
+    durable = (DecideOutcome.APPLIED, DecideOutcome.COUNTED)
+    if outcome in durable and reached < gw.decision_replicas:
+        log.error(
+            "gate %s: the decision reached %s of %s replicas within %s ms; a failover "
+            "now could lose it",
+            gate_id,
+            reached,
+            gw.decision_replicas,
+            gw.decision_wait_ms,
+        )
+
+
 async def apply_decision(
     gw: Gateway,
     gate_id: str,
@@ -66,16 +81,7 @@ async def apply_decision(
             replicas=gw.decision_replicas,
             wait_ms=gw.decision_wait_ms,
         )
-        durable = (DecideOutcome.APPLIED, DecideOutcome.COUNTED)
-        if res.outcome in durable and replicas < gw.decision_replicas:
-            log.error(
-                "gate %s: the decision reached %s of %s replicas within %s ms; a failover "
-                "now could lose it",
-                gate_id,
-                replicas,
-                gw.decision_replicas,
-                gw.decision_wait_ms,
-            )
+        warn_unreplicated(gw, gate_id, res.outcome, replicas)
     else:
         res = await gw.scripts.decide_gate(gate_id, run_id, status, **decision)  # type: ignore[arg-type]
     if res.outcome is DecideOutcome.MISSING:

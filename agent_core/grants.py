@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from .completions import clean_text
+from .deciding import warn_unreplicated
 from .exceptions import ArgsHashMismatch, GateNotFound
 from .keys import Keys
 from .models import DecideResult, Gate
@@ -221,19 +222,28 @@ class Grants:
             "team": team,
         }
         grant_id = f"{scope}.{secrets.token_hex(6)}"
-        res = await gw.scripts.grant_gate(
-            gate_id,
-            gate.run_id,
-            by=by,
-            reason=clean_text(reason or "")[:MAX_REASON_CHARS],
-            attempt=secrets.token_hex(8),
-            seen_hash=args_hash,
-            self_ok=allow_self_approval,
-            grant_id=grant_id,
-            until=until,
-            spec=spec,
-            max_grants=MAX_GRANTS_PER_THREAD,
-        )
+        granting = {
+            "by": by,
+            "reason": clean_text(reason or "")[:MAX_REASON_CHARS],
+            "attempt": secrets.token_hex(8),
+            "seen_hash": args_hash,
+            "self_ok": allow_self_approval,
+            "grant_id": grant_id,
+            "until": until,
+            "spec": spec,
+            "max_grants": MAX_GRANTS_PER_THREAD,
+        }
+        if gw.decision_replicas > 0:  # acknowledged once a replica has it, as a decision
+            res, reached = await gw.scripts.grant_gate_replicated(
+                gate_id,
+                gate.run_id,
+                **granting,
+                replicas=gw.decision_replicas,
+                wait_ms=gw.decision_wait_ms,
+            )
+            warn_unreplicated(gw, gate_id, res.outcome, reached)
+        else:
+            res = await gw.scripts.grant_gate(gate_id, gate.run_id, **granting)
         if res.outcome is DecideOutcome.MISSING:
             raise GateNotFound(f"no gate {gate_id!r}")
         if res.outcome is DecideOutcome.MISMATCH:

@@ -479,6 +479,34 @@ class Scripts(ScriptSet):
         )
         return self._decision_of(res), reached
 
+    def _grant(
+        self,
+        gate_id: str,
+        run_id: str,
+        by: str,
+        reason: str,
+        attempt: str,
+        seen_hash: str,
+        self_ok: bool,
+        grant_id: str,
+        until: float,
+        spec: dict[str, str],
+        max_grants: int,
+    ) -> tuple[list[str], list[Any]]:
+        k = self.keys
+        shard = k.shard_of(gate_id)
+        keys, _ = self._decide(gate_id, run_id, "approved", by, reason, attempt, seen_hash)
+        keys += [k.grants(spec["scope"]), k.live_grants(shard)]
+        args = [gate_id, by, reason, attempt, run_id, seen_hash, "1" if self_ok else "0"]
+        args += [grant_id, f"{until:.6f}", json.dumps(spec), str(max_grants)]
+        return keys, args
+
+    @staticmethod
+    def _granted_of(res: list[Any]) -> Decision:
+        if res[0] in ("not_allowed", "too_many", "bad_until"):
+            return Decision(DecideOutcome.REFUSED, None, text(res[0]))
+        return Scripts._decision_of(res)
+
     async def grant_gate(
         self,
         gate_id: str,
@@ -496,16 +524,38 @@ class Scripts(ScriptSet):
     ) -> Decision:
         """GRANT_GATE: approve the gate as DECIDE_GATE does and record the grant ``grant_id``
         of the thread ``spec["scope"]`` (its top run) in the same step."""
-        k = self.keys
-        shard = k.shard_of(gate_id)
-        keys, _ = self._decide(gate_id, run_id, "approved", by, reason, attempt, seen_hash)
-        keys += [k.grants(spec["scope"]), k.live_grants(shard)]
-        args = [gate_id, by, reason, attempt, run_id, seen_hash, "1" if self_ok else "0"]
-        args += [grant_id, f"{until:.6f}", json.dumps(spec), str(max_grants)]
-        res = await self._run("grant_gate", keys, args)
-        if res[0] in ("not_allowed", "too_many", "bad_until"):
-            return Decision(DecideOutcome.REFUSED, None, text(res[0]))
-        return self._decision_of(res)
+        keys, args = self._grant(
+            gate_id, run_id, by, reason, attempt, seen_hash, self_ok, grant_id, until, spec,
+            max_grants,
+        )  # fmt: skip
+        return self._granted_of(await self._run("grant_gate", keys, args))
+
+    async def grant_gate_replicated(
+        self,
+        gate_id: str,
+        run_id: str,
+        *,
+        by: str,
+        reason: str,
+        attempt: str,
+        seen_hash: str,
+        self_ok: bool,
+        grant_id: str,
+        until: float,
+        spec: dict[str, str],
+        max_grants: int,
+        replicas: int,
+        wait_ms: int,
+    ) -> tuple[Decision, int]:
+        """GRANT_GATE then WAIT for ``replicas`` (see :func:`eval_replicated`)."""
+        keys, args = self._grant(
+            gate_id, run_id, by, reason, attempt, seen_hash, self_ok, grant_id, until, spec,
+            max_grants,
+        )  # fmt: skip
+        res, reached = await eval_replicated(
+            self.redis, self.source("grant_gate"), keys, args, replicas, wait_ms
+        )
+        return self._granted_of(res), reached
 
     async def revoke_grant(self, grant_id: str, top_run: str, by: str) -> RevokeOutcome:
         """REVOKE_GRANT: end the grant ``grant_id`` of the thread ``top_run`` now."""
