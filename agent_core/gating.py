@@ -66,6 +66,7 @@ async def open_gates(
         path = [agent.name]
     gates: list[GateToOpen] = []
     by_rule = 0
+    grantable: list[str] = []  # gates a thread's grant may approve as they open
     for index, call in zip(indexes or range(len(calls)), calls, strict=True):
         t = agent.get_tool(call["name"])
         assert t is not None
@@ -172,6 +173,8 @@ async def open_gates(
             )[:-1]
             by_rule += 1
             log.info("run %s: %s %s by approver rule %s", run_id, t.name, status, name)
+        elif "allow_for" in fields:
+            grantable.append(gid)
         # The script appends created_at and deadline and closes the object.
         gates.append(
             GateToOpen(gid, str(timeout), json.dumps(fields), json.dumps(event)[:-1], decided)
@@ -182,6 +185,7 @@ async def open_gates(
         from . import metrics  # on first use: `import agent_core` loads no prometheus_client
 
         metrics.GATES_OPENED.inc(len(calls) - by_rule)
+        await metrics.count_granted(scripts.redis, scripts.keys, grantable)
     if res is OpenOutcome.STALE:
         log.warning("run %s: turn %s changed under this worker; gates not reopened", run_id, turn)
     return res

@@ -8,7 +8,8 @@ Gates (counted by the core: the runner opening gates, the gateway deciding and c
   ``agw_gates_opened_total``: gates opened.
   ``agw_gates_decided_total{outcome}``: gates closed, by ``approved``, ``denied``, ``expired``
   (the sweeper, or a click after the deadline) and ``cancelled`` (the run was cancelled or
-  failed).
+  failed). A gate a thread's grant approves as it opens counts as opened and approved; one
+  an approver rule decides as it opens counts in neither.
   ``agw_gate_decision_seconds{outcome}``: histogram of the time from a gate's opening to its
   decision (approved, denied, expired), 1 s to 1 h.
 
@@ -140,6 +141,23 @@ async def count_cancelled(redis: Redis, keys: Keys, were_pending: list[str]) -> 
     closed = sum(st == "cancelled" for st in statuses)
     if closed:
         GATES_DECIDED.labels("cancelled").inc(closed)
+
+
+async def count_granted(redis: Redis, keys: Keys, opened: list[str]) -> None:
+    """Count, as approved, those of the gates just ``opened`` that a thread's grant approved
+    as they opened (agent_core.grants; not in the decision-time histogram: nobody waited)."""
+    if not opened:
+        return
+    try:
+        async with redis.pipeline(transaction=False) as pipe:
+            for g in opened:
+                pipe.hget(keys.gate(g), "decided_by")
+            by: list[str | None] = await pipe.execute()
+    except (RedisError, OSError):
+        return  # the gates are open: a metric is not worth failing the turn
+    granted = sum(bool(b) and str(b).startswith("grant:") for b in by)
+    if granted:
+        GATES_DECIDED.labels("approved").inc(granted)
 
 
 async def refresh_jobs(redis: Redis, keys: Keys, group: str = JOBS_GROUP) -> None:

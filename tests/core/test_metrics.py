@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import ConfigError, Decision, Keys, RunStatus, metrics
+from agent_core import Agent, ConfigError, Decision, Keys, RunStatus, metrics
 from agent_core.script_replies import Lease, LeaseStatus
 from agent_core.scripts import Scripts
 from agent_core.testing import FakeOpenAI, call, calls, reply
@@ -35,10 +35,10 @@ async def metered(
     """``await metered(**settings)``: a harness whose worker serves /metrics, and its URL."""
     made: list[Harness] = []
 
-    async def make(start: bool = True, **overrides: Any) -> tuple[Harness, str]:
+    async def make(start: bool = True, agent: Agent = ops, **overrides: Any) -> tuple[Harness, str]:
         overrides.setdefault("METRICS_PORT", free_port())
         settings = core_settings(redis_url, fake_openai.base_url, **overrides)
-        h = Harness(redis, settings, ops)
+        h = Harness(redis, settings, agent)
         made.append(h)
         url = f"http://127.0.0.1:{settings.metrics_port}/metrics"
         if start:
@@ -93,6 +93,43 @@ async def test_gates_opened_and_decided_by_outcome(
     # Two model calls per run, each timed.
     assert after.since(before, "agw_model_request_seconds_count") == 4
     assert "sk-test-not-a-secret" not in after.text
+
+
+async def test_a_gate_a_grant_approves_as_it_opens_counts_as_opened_and_approved(
+    metered: MakeWorker, fake_openai: FakeOpenAI
+) -> None:
+    """Approve & allow, then the thread's next matching call opens approved by the grant:
+    two gates opened, two approved; only the person's decision is timed."""
+    from tests.agents import shipping
+
+    h, url = await metered(agent=shipping)
+    fake_openai.script(
+        "ship twice",
+        [
+            call("ship", {"env": "staging", "version": 1}),
+            reply("one"),
+            call("ship", {"env": "staging", "version": 2}),
+            reply("two"),
+        ],
+    )
+    before = await scrape(url)
+    run = await h.gateway.start_run("ship twice", requested_by="U1")
+    [g] = await h.opened_gates(run.run_id, 1)
+    made = await h.gateway.grants.approve_and_allow(
+        g.data["gate_id"], "U2", args_hash=g.data["args_hash"]
+    )
+    assert made.grant is not None
+    await h.wait_finished(run.run_id)
+    await h.gateway.continue_run(run.run_id, "ship 2 too", by="U1")
+    done = await h.gateway.wait(run.run_id, timeout=10)
+    assert (done.status, done.final) == (RunStatus.COMPLETED, "two")
+    [_, second] = await h.gateway.gates(run.run_id)
+    assert second.decided_by == f"grant:{made.grant.grant_id}"
+    after = await scrape(url)
+    assert after.since(before, "agw_gates_opened_total") == 2
+    for outcome, n in (("approved", 2), ("denied", 0), ("expired", 0), ("cancelled", 0)):
+        assert after.since(before, "agw_gates_decided_total", outcome=outcome) == n, outcome
+    assert after.since(before, "agw_gate_decision_seconds_count", outcome="approved") == 1
 
 
 async def test_an_expired_gate_is_counted_with_its_wait(
