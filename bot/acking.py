@@ -13,6 +13,10 @@ goes on in a task that shutdown waits for (``BotContext.inflight``), as before.
 - :func:`ack_when_recorded`: for an event whose message must not be lost (a thread reply):
   Slack gets its ack once the message is in Redis, or after ACK_BUDGET_SECONDS, so a web
   process that dies before has the event delivered again (Slack retries unanswered events).
+- :func:`answer_form`: for a modal's submission that decides (Approve & allow, Edit &
+  approve): answered once the decision is durable or the input is found invalid (its
+  errors shown in the modal), or after ACK_BUDGET_SECONDS with the modal kept open saying
+  nothing is recorded yet (Slack wants a view_submission answered within 3 s).
 """
 
 from __future__ import annotations
@@ -104,3 +108,64 @@ async def ack_when_recorded(
             raise exc
     await ack_once()
     await task
+
+
+FormErrors = dict[str, str]
+
+
+class FormAnswer:
+    """The answer to one view_submission, given at most once (see :func:`answer_form`):
+    ``await answer()`` closes the modal, ``await answer(errors)`` keeps it open showing them.
+    ``late``: the budget ran out first (the modal said nothing is recorded yet); ``errors``:
+    those the work found too late to show in the modal; ``applied``: set by the work when
+    its decision was made."""
+
+    def __init__(self, ack: Callable[..., Awaitable[Any]]) -> None:
+        self._ack = ack
+        self.sent = asyncio.Event()
+        self.late = False
+        self.errors: FormErrors | None = None
+        self.applied = False
+
+    async def __call__(self, errors: FormErrors | None = None) -> None:
+        if self.sent.is_set():
+            if errors:
+                self.errors = errors
+            return
+        self.sent.set()
+        if errors:
+            await self._ack(response_action="errors", errors=errors)
+        else:
+            await self._ack()
+
+
+async def answer_form(
+    ack: Callable[..., Awaitable[Any]],
+    work: Callable[[FormAnswer], Awaitable[None]],
+    *,
+    late: FormErrors,
+    failed: FormErrors,
+    budget: float = ACK_BUDGET_SECONDS,
+) -> FormAnswer:
+    """Run ``work(answer)`` for a modal's submission and answer Slack when it calls
+    ``answer`` (its decision is durable, or its input is invalid), when it ends (the modal
+    closes), or after ``budget`` seconds with ``late`` (the modal stays open, saying so),
+    whichever comes first; then wait for it to end. A failure of the work is answered with
+    ``failed`` when still in time (else kept in ``errors``)."""
+    answer = FormAnswer(ack)
+    task = asyncio.ensure_future(work(answer))
+    waiter = asyncio.ensure_future(answer.sent.wait())
+    try:
+        await asyncio.wait({task, waiter}, timeout=budget, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if not answer.sent.is_set() and not task.done():
+        answer.late = True
+        await answer(late)
+    try:
+        await task
+    except Exception as exc:  # never leave the modal without an answer
+        log.error("handling a form failed: %s", type(exc).__name__)
+        await answer(failed)
+    await answer()  # ended without answering: the modal closes
+    return answer

@@ -29,7 +29,7 @@ from agent_core.exceptions import ArgsHashMismatch, GateNotFound
 from agent_core.models import Decision, Gate, GateStatus
 
 from . import cards, edit_view, quorum_view
-from .acking import at_ack
+from .acking import FormAnswer, at_ack
 from .context import BotContext
 from .home import HOME
 from .publisher import slack_error
@@ -577,6 +577,22 @@ async def _guard(
         user_id = _user_id(body)
         if user_id:
             await tell(ctx, user_id, UNAVAILABLE, channel=_channel(body), respond=respond)
+
+
+async def told_late(ctx: BotContext, body: dict[str, Any], answer: FormAnswer, what: str) -> None:
+    """After a modal answered late (it says nothing is recorded yet): tell the person
+    privately what it could not show (its errors), or that their ``what`` is recorded now."""
+    user_id = _user_id(body)
+    if not answer.late or not user_id:
+        return
+    channel = (_metadata(body) or {}).get("channel") or None
+    if answer.errors:
+        text = " ".join(answer.errors.values())
+    elif answer.applied:
+        text = RECORDED_NOW.format(what=what) + " You can close the form."
+    else:
+        return
+    await tell(ctx, user_id, text, channel=channel if isinstance(channel, str) else None)
 
 
 async def _settled_in_time(task: asyncio.Future[None], outcome: Outcome) -> bool:

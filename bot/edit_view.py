@@ -12,7 +12,6 @@ changed: ``amount_cents: 4900 → 2500``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,7 @@ from agent_core.gateway import Gateway
 from agent_core.models import DecideResult, Gate, GateStatus
 
 from . import cards, quorum_view
-from .acking import at_ack
+from .acking import FormAnswer, answer_form, at_ack
 from .context import BotContext
 from .publisher import slack_error
 
@@ -42,8 +41,10 @@ MAX_TEXT = 3000  # plain_text_input's max_length
 MAX_OPTIONS = 100  # static_select's
 NOT_EDITABLE = "This request cannot be edited, so nothing was decided."
 NOT_RECORDED = (
-    "The approval service is not answering, so nothing was decided yet. Submit again in a moment."
+    "⚠️ Not recorded yet: the approval service is not answering. You are told privately "
+    "once it is; submit again if not within a minute."
 )
+UNAVAILABLE = "The approval service is unavailable; nothing was decided. Try again."
 
 
 def offered(gate: Gate) -> bool:
@@ -336,26 +337,26 @@ class EditActions:
                 respond=respond,
             )
 
-    async def submitted(self, ack: Any, body: dict[str, Any], *, external: bool) -> None:
-        """Validate and decide; ``ack`` keeps the modal open with errors, or closes it."""
-        from .actions import ACK_BUDGET_SECONDS, UNKNOWN_GATE, already_decided, mismatch
+    async def submitted(self, answer: FormAnswer, body: dict[str, Any], *, external: bool) -> None:
+        """Validate and decide; ``answer`` keeps the modal open with errors, or closes it
+        (once the decision is durable, or there is nothing to decide)."""
+        from .actions import UNKNOWN_GATE, already_decided, mismatch
 
         user = body.get("user")
         user_id = user.get("id") if isinstance(user, dict) else None
         meta = _meta(body)
         if not isinstance(user_id, str) or not user_id or meta is None:
             log.warning("edit form without a user or usable private_metadata ignored")
-            await ack()
             return
         gate_id, channel, clicked_hash = meta
         tell = self.actions._tell
         gate = await self.ctx.gateway.get_gate(gate_id)
         if gate is None:
-            await ack()
+            await answer()
             await tell(user_id, UNKNOWN_GATE, channel=channel)
             return
         if gate.status is not GateStatus.PENDING:
-            await ack()
+            await answer()
             await tell(user_id, already_decided(gate), channel=channel)
             await self.actions._refresh(gate_id)
             return
@@ -363,11 +364,11 @@ class EditActions:
             user_id, gate, approve=True, external=external
         )
         if why is not None:  # a forged submission is refused as a click would be
-            await ack()
+            await answer()
             await tell(user_id, why, channel=channel)
             return
         if not offered(gate) or clicked_hash is None:
-            await ack()
+            await answer()
             await tell(user_id, NOT_EDITABLE, channel=channel)
             return
         view = body.get("view")
@@ -376,15 +377,15 @@ class EditActions:
         problems = check_edit(gate, args)
         errors = {**_errors_on_blocks(gate, problems), **errors}
         if errors:
-            await ack(response_action="errors", errors=errors)
+            await answer(errors)
             return
         approvers, gateway = self.ctx.approvers, self.ctx.gateway
         if not isinstance(gateway, Gateway):  # edits need the core's own gateway
-            await ack()
+            await answer()
             await tell(user_id, NOT_EDITABLE, channel=channel)
             return
-        decide = asyncio.ensure_future(
-            approve_edited(
+        try:
+            result = await approve_edited(
                 gateway,
                 gate_id,
                 user_id,
@@ -392,40 +393,40 @@ class EditActions:
                 args_hash=clicked_hash,
                 allow_self_approval=approvers.allow_self_approval,
             )
-        )
-        done, _ = await asyncio.wait({decide}, timeout=ACK_BUDGET_SECONDS)
-        if not done:
-            first = next(iter(_errors_on_blocks(gate, {"": "x"})), "")
-            await ack(response_action="errors", errors={first: NOT_RECORDED})
-        try:
-            result = await decide
         except InvalidEdit as exc:  # checked above; only a change meanwhile gets here
-            if done:
-                await ack(response_action="errors", errors=_errors_on_blocks(gate, exc.errors))
+            await answer(_errors_on_blocks(gate, exc.errors))
             return
         except GateNotFound:
-            if done:
-                await ack()
+            await answer()
             await tell(user_id, UNKNOWN_GATE, channel=channel)
             return
         except ArgsHashMismatch:
-            if done:
-                await ack()
+            await answer()
             await tell(user_id, mismatch(clicked_hash, gate), channel=channel)
             await self.actions._refresh(gate_id)
             return
-        if done:
-            await ack()
+        await answer()  # durable in Redis: the modal may close now
         if result.refused:
             await tell(user_id, refused_text(result), channel=channel)
         elif not result.applied or result.gate.status is not GateStatus.APPROVED:
             await tell(user_id, already_decided(result.gate), channel=channel)
+        else:
+            answer.applied = True
         await self.actions._refresh(gate_id)
+
+
+def _first_input(body: dict[str, Any]) -> str:
+    """The block id of the submitted modal's first input (where a note on the whole form
+    shows): ``view.state.values``' first key."""
+    view = body.get("view")
+    state = view.get("state") if isinstance(view, dict) else None
+    values = state.get("values") if isinstance(state, dict) else None
+    return next(iter(values), "") if isinstance(values, dict) else ""
 
 
 def register(app: AsyncApp, ctx: BotContext, actions: GateActions) -> None:
     """Listen for Edit & approve's click and its modal's submission."""
-    from .actions import _guard, home_team, is_external
+    from .actions import _guard, home_team, is_external, told_late
 
     edits = EditActions(ctx, actions)
 
@@ -443,5 +444,12 @@ def register(app: AsyncApp, ctx: BotContext, actions: GateActions) -> None:
     @at_ack(ctx)
     async def on_edit_submitted(ack: Any, body: dict[str, Any], context: AsyncBoltContext) -> None:
         external = is_external(body, home_team(body, context))
+        first = _first_input(body)
         async with ctx.busy():
-            await edits.submitted(ack, body, external=external)
+            answer = await answer_form(
+                ack,
+                lambda answer: edits.submitted(answer, body, external=external),
+                late={first: NOT_RECORDED},
+                failed={first: UNAVAILABLE},
+            )
+            await told_late(ctx, body, answer, "approval")

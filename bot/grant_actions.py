@@ -22,7 +22,7 @@ from agent_core.models import Gate, GateStatus
 from agent_core.script_replies import RevokeOutcome
 
 from . import cards, grant_view
-from .acking import at_ack
+from .acking import FormAnswer, answer_form, at_ack
 from .actions import (
     UNKNOWN_GATE,
     GateActions,
@@ -35,6 +35,7 @@ from .actions import (
     is_external,
     mismatch,
     tell,
+    told_late,
 )
 from .context import BotContext
 from .publisher import slack_error
@@ -53,6 +54,11 @@ REFUSED = {
 }
 UNKNOWN_GRANT = "That grant does not exist (or no longer exists)."
 CANNOT_CHECK = "I could not check that you may revoke this grant, so nothing was revoked."
+NOT_RECORDED = (
+    "⚠️ Not recorded yet: the approval service is not answering. You are told privately "
+    "once it is; submit again if not within a minute."
+)
+UNAVAILABLE_FORM = "The approval service is unavailable; nothing was decided. Try again."
 
 
 def without_escalation(gate: Gate) -> Gate:
@@ -101,9 +107,10 @@ class GrantActions:
         )
 
     async def submitted(
-        self, body: dict[str, Any], *, external: bool, team: str
-    ) -> dict[str, Any] | None:
-        """The modal's submission; the errors to show in the modal (None: it closes)."""
+        self, body: dict[str, Any], answer: FormAnswer, *, external: bool, team: str
+    ) -> None:
+        """The modal's submission: ``answer`` closes the modal (the decision is durable, or
+        there is nothing to decide: the person is told privately) or shows its errors."""
         user_id = _user_id(body)
         view = body.get("view") if isinstance(body.get("view"), dict) else {}
         assert isinstance(view, dict)
@@ -113,24 +120,28 @@ class GrantActions:
             channel = str(meta.get("channel") or "") or None
         except (ValueError, KeyError, TypeError):
             log.warning("grant form without usable private_metadata ignored")
-            return None
+            return
         if user_id is None:
-            return None
+            return
         try:
             field, value = grant_view.chosen(view)
         except ValueError:
-            return {grant_view.SCOPE_BLOCK: "Choose one of the options."}
+            await answer({grant_view.SCOPE_BLOCK: "Choose one of the options."})
+            return
         gate = await self.ctx.gateway.get_gate(gate_id)
         if gate is None:
+            await answer()
             await tell(self.ctx, user_id, UNKNOWN_GATE, channel=channel)
-            return None
+            return
         if gate.status is not GateStatus.PENDING:
+            await answer()
             await tell(self.ctx, user_id, already_decided(gate), channel=channel)
-            return None
+            return
         why = await self._why_not(user_id, gate, external)
         if why is not None:
+            await answer()
             await tell(self.ctx, user_id, why, channel=channel)
-            return None
+            return
         try:
             res = await self.ctx.gateway.grants.approve_and_allow(
                 gate_id,
@@ -142,15 +153,20 @@ class GrantActions:
                 team=team,
             )
         except GateNotFound:
+            await answer()
             await tell(self.ctx, user_id, UNKNOWN_GATE, channel=channel)
-            return None
+            return
         except ArgsHashMismatch:
+            await answer()
             await tell(self.ctx, user_id, mismatch(clicked_hash, gate), channel=channel)
             await self.gates._refresh(gate_id)
-            return None
+            return
         except ValueError as exc:
-            return {grant_view.SCOPE_BLOCK: str(exc)[:150]}
+            await answer({grant_view.SCOPE_BLOCK: str(exc)[:150]})
+            return
+        await answer()  # durable in Redis: the modal may close now
         if res.grant is not None:
+            answer.applied = True
             g = res.grant
             text = (
                 f"✅ Approved, and `{cards.escape(g.tool)}` is allowed in this thread until "
@@ -163,7 +179,6 @@ class GrantActions:
             text = REFUSED.get(res.refused or "", "Nothing was decided.")
         await tell(self.ctx, user_id, text, channel=channel)
         await self.gates._refresh(gate_id)
-        return None
 
     async def visible(self, user_id: str, *, external: bool) -> list[Grant]:
         """The live grants ``user_id`` may see: those whose call they may decide."""
@@ -240,15 +255,13 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         team = home_team(body, context) or ""
         external = is_external(body, team or None)
         async with ctx.busy():
-            try:
-                errors = await grants.submitted(body, external=external, team=team)
-            except Exception as exc:
-                log.error("handling a grant form failed: %s", type(exc).__name__)
-                errors = {grant_view.SCOPE_BLOCK: "The approval service is unavailable; try again."}
-            if errors:
-                await ack(response_action="errors", errors=errors)
-            else:
-                await ack()
+            answer = await answer_form(
+                ack,
+                lambda answer: grants.submitted(body, answer, external=external, team=team),
+                late={grant_view.SCOPE_BLOCK: NOT_RECORDED},
+                failed={grant_view.SCOPE_BLOCK: UNAVAILABLE_FORM},
+            )
+            await told_late(ctx, body, answer, "approval")
 
     @app.block_action(grant_view.REVOKE_ACTION)
     @at_ack(ctx)

@@ -1,4 +1,5 @@
-"""A decision Redis cannot make durable within the ack budget is not acknowledged as if it were.
+"""A decision Redis cannot make durable within the ack budget is not acknowledged as if it were
+(a click, the deny form, and the modals that decide: Approve & allow, Edit & approve).
 
 Redis is real and stalled the way a slow or failing server stalls a click: ``CLIENT PAUSE
 <ms> WRITE`` lets the handler read the gate and holds its decision script. Slack still gets
@@ -19,7 +20,8 @@ import redis.asyncio as aioredis
 
 from agent_core import GateStatus, RunStatus
 from agent_core.testing import FakeOpenAI, call, reply
-from bot import actions, cards
+from bot import actions, cards, edit_view, grant_actions, grant_view
+from tests.bot import test_edit_cards, test_grant_cards
 from tests.bot.conftest import (
     APPROVER,
     CHANNEL,
@@ -28,10 +30,14 @@ from tests.bot.conftest import (
     journal_lines,
     wait_until,
 )
+from tests.bot.test_edit_cards import YES, choice, number, open_modal, values
+from tests.bot.test_grant_cards import staging_only
 from tests.redis_server import RedisServer
 from tests.slack_fake import FakeSlack
 
 PAUSE_MS = 3500
+sbot = test_grant_cards.sbot  # the bot serving the shipping agent (grants), and its worker
+ebot = test_edit_cards.ebot  # the bot serving the editing agent, and its worker
 NOT_YET = "has not been recorded yet: the approval service is not answering"
 
 
@@ -181,3 +187,84 @@ async def test_a_stalled_approval_that_finally_fails_says_so(
             private_redis.start()  # same port: let the bot and the worker stop cleanly
         await bot.close()
         await redis.aclose()
+
+
+# --- the modals that decide: Approve & allow, Edit & approve ---------------------------------
+def recorded_now(f: FakeSlack) -> list[Any]:
+    return [
+        c
+        for c in f.calls_to("chat.postEphemeral")
+        if c.args["text"]
+        == actions.RECORDED_NOW.format(what="approval") + " You can close the form."
+    ]
+
+
+async def test_a_stalled_approve_and_allow_keeps_the_form_open_saying_so(
+    sbot: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """GRANT_GATE held by a write pause: the modal is answered in time, kept open with a
+    note that nothing is recorded yet; once Redis answers, the approval and the grant land
+    once and the approver is told privately."""
+    fake_openai.script(
+        "ship stalled", [call("ship", {"env": "staging", "version": 4}), reply("shipped")]
+    )
+    run_id = await sbot.start_task("ship stalled")
+    gate = await sbot.gate_of(run_id)
+    fake = sbot.fake
+    await sbot.client.action(
+        grant_view.GRANT_ACTION, cards.button_value(gate), user_id=APPROVER, trigger_id="trig-gs"
+    )
+    (opened,) = await fake.wait_for(lambda f: f.calls_to("views.open"), what="the grant form")
+    view = opened.args["view"]
+    loop = asyncio.get_running_loop()
+
+    await pause_writes(sbot.redis)
+    t0 = loop.time()
+    resp = await sbot.client.view_submission(
+        view["callback_id"], view["private_metadata"], values=staging_only(gate), user_id=APPROVER
+    )
+    assert resp.status == 200 and loop.time() - t0 < 3.0, "Slack needs its answer in 3 s"
+    assert resp.json() == {
+        "response_action": "errors",
+        "errors": {grant_view.SCOPE_BLOCK: grant_actions.NOT_RECORDED},
+    }, "the form stays open and says the approval is not recorded yet"
+    pending = await sbot.gateway.get_gate(gate.gate_id)
+    assert pending is not None and pending.status is GateStatus.PENDING
+
+    (told,) = await fake.wait_for(recorded_now, timeout=10, what="the all-clear")
+    assert (told.args["channel"], told.args["user"]) == (CHANNEL, APPROVER)
+    assert await sbot.redis.hlen(sbot.keys.grants(run_id)) == 1
+    assert (await finished(sbot, run_id)).status is RunStatus.COMPLETED
+    assert journal_lines(journal) == ["ship:staging:4"]
+
+
+async def test_a_stalled_edit_and_approve_keeps_the_form_open_saying_so(
+    ebot: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """Redis paused for reads and writes (the gate cannot even be read): the edit modal is
+    answered in time, the note on its first input; then the edited approval lands once."""
+    fake_openai.script(
+        "refund A-8",
+        [call("refund_order", {"order_id": "A-8", "amount_cents": 4900}), reply("refunded")],
+    )
+    run_id = await ebot.start_task("refund A-8")
+    gate = await ebot.gate_of(run_id)
+    view = await open_modal(ebot, cards.button_value(gate), APPROVER, "trig-es")
+    good = values(amount_cents=number("2500"), reason=choice("late"), notify=YES)
+    loop = asyncio.get_running_loop()
+
+    await ebot.redis.execute_command("CLIENT", "PAUSE", str(PAUSE_MS), "ALL")
+    t0 = loop.time()
+    resp = await ebot.client.view_submission(
+        edit_view.EDIT_CALLBACK, view["private_metadata"], values=good, user_id=APPROVER
+    )
+    assert resp.status == 200 and loop.time() - t0 < 3.0, "Slack needs its answer in 3 s"
+    assert resp.json() == {
+        "response_action": "errors",
+        "errors": {"arg:amount_cents": edit_view.NOT_RECORDED},
+    }
+
+    (told,) = await ebot.fake.wait_for(recorded_now, timeout=10, what="the all-clear")
+    assert told.args["user"] == APPROVER
+    assert (await finished(ebot, run_id)).status is RunStatus.COMPLETED
+    assert journal_lines(journal) == ["refund_order:A-8:2500:late:True"]
