@@ -425,11 +425,13 @@ async def test_a_gated_sub_agent_call_records_its_childs_end_once(
         assert await verified(h, shard) == []
 
 
+@pytest.mark.parametrize("cancelled", ["child", "parent"])
 async def test_a_cancelled_gated_sub_agent_call_records_failed_once(
-    agent_harness: Callable[[Agent], Harness], fake_openai: FakeOpenAI
+    agent_harness: Callable[[Agent], Harness], fake_openai: FakeOpenAI, cancelled: str
 ) -> None:
-    """The child cancelled while it waits on its own gate: the parent's approved call
-    ends ``failed``, once, beside the child's own gate's ``closed``."""
+    """The child (or its parent, which cancels it) cancelled while the child waits on its
+    own gate: the parent's approved call ends ``failed``, once, beside the child's own
+    gate's ``closed``."""
     from tests.agents import billing
     from tests.core.test_subagents import child_gate
 
@@ -448,9 +450,12 @@ async def test_a_cancelled_gated_sub_agent_call_records_failed_once(
     gid = g.data["gate_id"]
     await h.gateway.decide(gid, "approve", by="U2")
     child, own = await child_gate(h, run.run_id)  # the child's refund, on this thread
-    await h.gateway.cancel_run(child, by="U9")
+    await h.gateway.cancel_run(child if cancelled == "child" else run.run_id, by="U9")
     await h.wait_finished(run.run_id, timeout=20)
-    assert [e.kind for e in await trail(h, gid)] == ["opened", "approved", "failed"]
+    await h.wait_finished(child, timeout=20)
+    got = await trail(h, gid)
+    assert [e.kind for e in got] == ["opened", "approved", "failed"]
+    assert got[-1].get("after_cancel") == ("true" if cancelled == "parent" else "false")
     assert [e.kind for e in await trail(h, own["gate_id"])] == ["opened", "closed"]
     assert await verified(h, h.keys.shard_of(gid)) == []
 
