@@ -26,6 +26,8 @@ from tests.agents import shipping
 from tests.bot.conftest import (
     APPROVER,
     APPROVER2,
+    GROUP,
+    GROUP_MEMBER,
     REQUESTER,
     BotHarness,
     bot_settings,
@@ -230,3 +232,65 @@ async def test_someone_the_call_was_escalated_to_may_approve_it_but_not_grant(
     assert await grants._why_not(APPROVER, plain, False) == NOT_OFFERED
     assert grant_view.buttons(plain) == []
     assert [o for o, _ in grant_view.choices(g)] == ["any", '["env", "staging"]']
+
+
+async def test_a_grant_keeps_deciding_after_its_granter_leaves_the_group_until_revoked(
+    sbot: BotHarness, fake_openai: FakeOpenAI, fake_slack: FakeSlack, journal: Path
+) -> None:
+    """Group membership is checked when a grant is made, not each time it decides
+    (docs/agents/grants.md): the granter, removed from the approver group, may no longer
+    click Approve, yet their grant still approves the thread's next matching call; a
+    Revoke by another approver ends it."""
+    fake_openai.script(
+        "ship group",
+        [
+            call("ship", {"env": "staging", "version": 1}),
+            reply("one"),
+            call("ship", {"env": "staging", "version": 2}),
+            reply("two"),
+            call("ship", {"env": "staging", "version": 3}),
+            reply("three"),
+        ],
+    )
+    run_id = await sbot.start_task("ship group")
+    gate = await sbot.gate_of(run_id)
+    meta = json.dumps({"gate_id": gate.gate_id, "args_hash": gate.args_hash, "channel": ""})
+    any_args = {
+        grant_view.SCOPE_BLOCK: {
+            grant_view.SCOPE_ACTION: {"type": "static_select", "selected_option": {"value": "any"}}
+        }
+    }
+    resp = await sbot.client.view_submission(
+        grant_view.GRANT_CALLBACK, meta, values=any_args, user_id=GROUP_MEMBER
+    )
+    assert resp.status == 200 and resp.text == ""
+    [grant] = await sbot.gateway.grants.of_thread(run_id)
+    assert grant.granted_by == GROUP_MEMBER
+
+    async def finished() -> Any:
+        run = await sbot.gateway.get_run(run_id)
+        return run if run is not None and run.status.finished else None
+
+    await wait_until(finished, timeout=15)
+    # Out of the group (and the bot's cache of it): no longer an approver...
+    fake_slack.set_usergroup(GROUP, [])
+    sbot.server.context.approvers._cache.clear()
+    assert "not on the approver list" in (
+        await sbot.server.context.approvers.why_not_decide(GROUP_MEMBER, gate, approve=True) or ""
+    )
+    # ... yet their grant still approves the thread's next call, nobody asked.
+    await sbot.gateway.continue_run(run_id, "ship 2", by=REQUESTER)
+    await wait_until(finished, timeout=15)
+    second = (await sbot.gateway.gates(run_id))[1]
+    assert (second.status, second.decided_by) == (GateStatus.APPROVED, f"grant:{grant.grant_id}")
+    # Revoked by another approver: the next call asks a person again.
+    text = await click(sbot, grant_view.REVOKE_ACTION, grant.grant_id, APPROVER, "revoke-g")
+    assert text.startswith("🔒 Revoked the grant for `ship`")
+    await sbot.gateway.continue_run(run_id, "ship 3", by=REQUESTER)
+
+    async def third() -> Any:
+        gates = await sbot.gateway.gates(run_id)
+        return gates[2] if len(gates) > 2 else None
+
+    assert (await wait_until(third, timeout=15)).status is GateStatus.PENDING
+    assert journal_lines(journal) == ["ship:staging:1", "ship:staging:2"]
