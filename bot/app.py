@@ -31,6 +31,7 @@ from . import (
     home_listeners,
     mentions,
     quiet,
+    rejoin,
 )
 from .context import BotContext, Redeliver
 from .ports import GatewayLike
@@ -127,6 +128,7 @@ def create_app(
     actions.register(app, ctx)
     mentions.register(app, ctx)  # before conversations: its DM listener is checked first
     conversations.register(app, ctx)
+    rejoin.register(app, ctx)  # the app back in a channel: its stale cards shown again
     # A Bolt middleware: it sees assistant-thread events before the listeners above.
     assistant.register(app, ctx, agent)
 

@@ -41,7 +41,7 @@ from agent_core import metrics
 from agent_core.gateway import valid_gate_id, valid_run_id
 from agent_core.models import Gate, GateStatus, Run
 
-from . import cards, routing, run_cards
+from . import cards, rejoin, routing, run_cards
 from .answers import Attachment, no_file_message
 from .ports import GatewayLike
 from .store import (
@@ -60,6 +60,9 @@ log = logging.getLogger(__name__)
 
 # Slack refused the size or shape of the blocks: a smaller card may still go through.
 TOO_BIG = frozenset({"invalid_blocks", "msg_blocks_too_long", "msg_too_long"})
+# An update refused because the app is out of the card's channel (removed, the channel
+# archived): the card is marked stale, and shown again once the app is back (bot/rejoin.py).
+STALE_ERRORS = frozenset({"not_in_channel", "channel_not_found", "is_archived"})
 # Errors worth trying again later; any other Slack error will not fix itself.
 TRANSIENT_SLACK_ERRORS = frozenset(
     {"ratelimited", "internal_error", "fatal_error", "service_unavailable", "request_timeout"}
@@ -201,6 +204,8 @@ class Publisher:
         self.command = command
         self._bot_id: str | None = None
         self._clients: dict[tuple[bool, bool], AsyncWebClient] = {}
+        # When this process last looked for stale cards of each channel (bot/rejoin.py).
+        self.stale_checked = rejoin.Checked()
 
     def _client(self, post: bool = False) -> AsyncWebClient:
         """The client for a call. ``post``: without the retry on connection errors (cards and
@@ -251,18 +256,26 @@ class Publisher:
             rec = card_record(card_h)
             if routing.routed(gate):  # its card goes to an approval channel
                 await routing.show_routed(self, gate, rec, note_h, held)
-                return gate
-            await self._show(
-                _Slot(gate_id, CARD_NS, card_metadata(gate_id)),
-                rec,
-                cards.gate_card(gate, rec.result),
-                lambda: cards.gate_card(gate, rec.result, compact=True),
-                _opt_str(gate.origin.get("channel")),
-                _opt_str(gate.origin.get("thread_ts")),
-                shown=gate.status.value,
-                held=held,
-            )
-            return gate
+            else:
+                await self._show_in_thread(gate, rec, held)
+        # An update went through: the app is in that channel, and cards refused while it
+        # was out are shown again (after the lock: they take their own).
+        for channel in held.landed:
+            await rejoin.refresh_lazily(self, channel)
+        return gate
+
+    async def _show_in_thread(self, gate: Gate, rec: CardRecord, held: Held) -> None:
+        gate_id = gate.gate_id
+        await self._show(
+            _Slot(gate_id, CARD_NS, card_metadata(gate_id)),
+            rec,
+            cards.gate_card(gate, rec.result),
+            lambda: cards.gate_card(gate, rec.result, compact=True),
+            _opt_str(gate.origin.get("channel")),
+            _opt_str(gate.origin.get("thread_ts")),
+            shown=gate.status.value,
+            held=held,
+        )
 
     async def turn_gates(self, run_id: str, turn: int) -> list[Gate]:
         """The gates a turn of the run opened, in the order of their calls."""
@@ -348,6 +361,8 @@ class Publisher:
         if resp is None:
             return
         posted = str(resp.get("channel") or channel)
+        if held is not None:
+            held.landed.add(posted)
         if not await self.store.save_card(slot.ident, posted, str(resp["ts"]), d, slot.ns):
             # Another process posted a card for this gate meanwhile (we were paused past
             # the lock): both now get the current state.
@@ -368,13 +383,34 @@ class Publisher:
         card itself took it."""
         if rec.digest == d or not rec.channel or not rec.ts:
             return
-        for ts in rec.others:
-            resp = await self._send_card("chat_update", card, smaller, channel=rec.channel, ts=ts)
-            if resp is None:  # deleted, or refused for good: stop trying it
-                await self.store.drop_other(slot.ident, ts, slot.ns)
-        ok = await self._send_card("chat_update", card, smaller, channel=rec.channel, ts=rec.ts)
+        channel = rec.channel
+        try:
+            for ts in rec.others:
+                resp = await self._send_card(
+                    "chat_update", card, smaller, channel=channel, ts=ts, refused=STALE_ERRORS
+                )
+                if resp is None:  # deleted, or refused for good: stop trying it
+                    await self.store.drop_other(slot.ident, ts, slot.ns)
+            ok = await self._send_card(
+                "chat_update", card, smaller, channel=channel, ts=rec.ts, refused=STALE_ERRORS
+            )
+        except routing.ChannelRefused as exc:
+            # The app is out of the channel: the card is shown again once it is back.
+            log.warning(
+                "%s %s in %s: Slack refused its update (%s); it is shown again once the app is"
+                " back in the channel",
+                slot.ns,
+                slot.ident,
+                channel,
+                exc.error,
+            )
+            await self.store.mark_stale(channel, slot.ident, slot.ns)
+            self.stale_checked.at.pop(channel, None)  # the next update there looks at once
+            return
         if ok is None:
             return
+        if held is not None:
+            held.landed.add(channel)
         if held is None:
             await self.store.set_card_digest(slot.ident, d, slot.ns, shown=shown)
         else:

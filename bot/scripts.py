@@ -67,3 +67,14 @@ class BotScripts(ScriptSet):
         """SET_RESULT_IF_NONE: True when stored (the card had no outcome yet)."""
         flat = [x for kv in fields.items() for x in kv]
         return bool(await self._run("set_result_if_none", [card_key], [ttl, *flat]))
+
+    async def mark_stale(self, stale_key: str, member: str, at: float, most: int, ttl: int) -> int:
+        """MARK_STALE: the number of stale cards the channel now has."""
+        return int(await self._run("mark_stale", [stale_key], [member, f"{at:.6f}", most, ttl]))
+
+    async def clear_stale(self, stale_key: str, marks: Sequence[tuple[str, float]]) -> int:
+        """CLEAR_STALE: the number of marks removed (those not marked again meanwhile)."""
+        if not marks:
+            return 0
+        flat: list[str] = [x for member, score in marks for x in (member, repr(score))]
+        return int(await self._run("clear_stale", [stale_key], flat))

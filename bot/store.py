@@ -15,9 +15,10 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
@@ -39,6 +40,12 @@ RUN_NS = "slack-run"
 # channel + root ts of a run's thread → the run id (a reply there continues the run).
 THREAD_NS = "slack-thread"
 LOCK_NS = "slack-lock"
+# Per channel: the cards (and thread lines, "Approve all" messages) whose update Slack
+# refused because the app was out of the channel, shown again once it is back
+# (bot/rejoin.py). A sorted set, member "<ns>:<ident>", score the time it was marked.
+STALE_NS = "slack-stale"
+# The newest marks kept per channel: a card older than these stays as it was until clicked.
+STALE_MAX = 1000
 # Bot records outlive the runs people still look at, then go away on their own.
 RECORD_TTL_SECONDS = 30 * 24 * 3600
 # A lock lives LOCK_TTL_MS unless its holder renews it (every third of that while it works):
@@ -93,6 +100,8 @@ class Held:
 
     read: list[dict[str, str]]
     writes: dict[str, dict[str, str]]
+    # The channels a card of this section was posted or updated in (the app is there).
+    landed: set[str] = field(default_factory=set)
 
     def write_at_release(self, key: str, fields: dict[str, str]) -> None:
         self.writes.setdefault(key, {}).update(fields)
@@ -188,6 +197,29 @@ class Store:
         """The reply of a gate's reminder or escalation (``step``) was posted (``ts``; or
         refused for good): it is never posted again."""
         await self._hset(self.card_key(gate_id), {f"nudge:{step}": ts})
+
+    # --- stale cards ------------------------------------------------------------------
+    def stale_key(self, channel: str) -> str:
+        return self.keys.ext(STALE_NS, channel, self.keys.shard_for(channel))
+
+    async def mark_stale(self, channel: str, ident: str, ns: str = CARD_NS) -> None:
+        """Slack refused to update this card because the app is out of ``channel``: it is
+        shown again once the app is back (bot/rejoin.py)."""
+        await self.scripts.mark_stale(
+            self.stale_key(channel), f"{ns}:{ident}", time.time(), STALE_MAX, RECORD_TTL_SECONDS
+        )
+
+    async def stale_cards(self, channel: str, limit: int = STALE_MAX) -> list[tuple[str, float]]:
+        """The channel's stale marks (``"<ns>:<ident>"``, when marked), oldest first."""
+        got = await self.redis.zrange(self.stale_key(channel), 0, limit - 1, withscores=True)
+        return [(_s(member), float(score)) for member, score in got]
+
+    async def has_stale(self, channel: str) -> bool:
+        return bool(await self.redis.exists(self.stale_key(channel)))
+
+    async def clear_stale(self, channel: str, marks: Sequence[tuple[str, float]]) -> int:
+        """Forget ``marks`` (cards shown again), except those marked again meanwhile."""
+        return await self.scripts.clear_stale(self.stale_key(channel), marks)
 
     # --- runs -------------------------------------------------------------------------
     def run_key(self, run_id: str) -> str:

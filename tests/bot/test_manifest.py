@@ -87,3 +87,14 @@ def test_manifest_enables_the_home_tab() -> None:
     assert re.search(r"home_tab_enabled: true", home)
     block = MANIFEST.split("event_subscriptions:", 1)[1].split("interactivity:", 1)[0]
     assert "app_home_opened" in set(re.findall(r"^\s+- ([a-z_.]+)", block, re.MULTILINE))
+
+
+def test_manifest_tells_the_app_when_it_is_back_in_a_channel() -> None:
+    """``member_joined_channel`` (bot/rejoin.py): the app invited back to a channel shows the
+    cards Slack refused to update while it was out; Slack sends it with ``channels:read``
+    for public channels and ``groups:read`` for private ones."""
+    block = MANIFEST.split("event_subscriptions:", 1)[1].split("interactivity:", 1)[0]
+    events = set(re.findall(r"^\s+- ([a-z_.]+)", block, re.MULTILINE))
+    assert "member_joined_channel" in events
+    scopes = set(re.findall(r"^\s+- ([a-z_:.]+)\s", MANIFEST, re.MULTILINE))
+    assert {"channels:read", "groups:read"} <= scopes

@@ -111,10 +111,17 @@ class SlackClient:
         )
 
     async def event(
-        self, event: dict[str, Any], *, event_id: str | None = None, retry: int = 0
+        self,
+        event: dict[str, Any],
+        *,
+        event_id: str | None = None,
+        retry: int = 0,
+        secret: str | None = None,
+        signature: str | None = None,
     ) -> HttpResult:
         """An Events API ``event_callback`` carrying ``event``, as JSON; ``retry`` > 0 adds
-        the headers of Slack's retries (``X-Slack-Retry-Num``, ``X-Slack-Retry-Reason``)."""
+        the headers of Slack's retries (``X-Slack-Retry-Num``, ``X-Slack-Retry-Reason``);
+        ``secret``/``signature`` as in :meth:`post` (a forged one)."""
         body = {
             "token": "deprecated-verification-token",
             "team_id": self.team_id,
@@ -127,7 +134,29 @@ class SlackClient:
         headers = {}
         if retry:
             headers = {"X-Slack-Retry-Num": str(retry), "X-Slack-Retry-Reason": "http_timeout"}
-        return await self.post(json.dumps(body), content_type="application/json", headers=headers)
+        return await self.post(
+            json.dumps(body),
+            content_type="application/json",
+            headers=headers,
+            secret=secret,
+            signature=signature,
+        )
+
+    async def member_joined(
+        self, channel: str, user: str, *, inviter: str = "U0INVITER", **kwargs: Any
+    ) -> HttpResult:
+        """The ``member_joined_channel`` event Slack sends the app when ``user`` joins
+        ``channel`` (the app itself, on ``/invite @app``: ``user`` is its bot user)."""
+        event = {
+            "type": "member_joined_channel",
+            "user": user,
+            "channel": channel,
+            "channel_type": "G" if channel.startswith("G") else "C",
+            "team": self.team_id,
+            "inviter": inviter,
+            "event_ts": f"{time.time():.6f}",
+        }
+        return await self.event(event, **kwargs)
 
     async def command(self, text: str, **kwargs: Any) -> HttpResult:
         """A slash command, e.g. ``await slack.command("delete user 42", user_id="U1")``."""

@@ -253,7 +253,9 @@ class FakeSlack(ThreadedServer):
             self.workspace.private.add(channel)
 
     def invite_bot(self, channel: str) -> None:
-        """The app's bot joins ``channel`` (``/invite @app``)."""
+        """The app's bot joins ``channel`` (``/invite @app``). Slack then sends the app a
+        ``member_joined_channel`` event: send it with
+        :meth:`tests.slack_fake.client.SlackClient.member_joined` (``user``: :attr:`bot_user_id`)."""
         self.workspace.bot_not_in.discard(channel)
 
     def archive_channel(self, channel: str) -> None:

@@ -33,6 +33,7 @@ from redis.asyncio import Redis
 from agent_core import Keys
 from tests.redis_cluster import ClusterServer
 from tests.redis_server import RedisServer
+from tests.slack_fake import HttpResult, SlackClient
 from tests.soak.bound import Bound, MasterKill
 from tests.soak.config import FIN_CHANNEL, PAUSE_SECONDS, REPO, SEED, redis_failed
 from tests.soak.people import op_depth
@@ -128,10 +129,13 @@ class Chaos(Bound):
     workers: list[Proc]
     web: Proc
     bot_out: list[tuple[float, float]]  # unix times the bot was out of the approval channel
+    client: SlackClient
 
     if TYPE_CHECKING:
 
         def spawn(self, coro: Awaitable[Any]) -> None: ...
+
+        async def send(self, make: Callable[[], Awaitable[HttpResult]]) -> int: ...
 
         def open_children(self) -> list[str]: ...
 
@@ -411,6 +415,20 @@ class Chaos(Bound):
                 self.slack.invite_bot(FIN_CHANNEL)
                 self.bot_out[-1] = (start, time.time())
                 self.note(f"bot invited back to {FIN_CHANNEL}")
+                self.spawn(self.tell_joined())
+
+    async def tell_joined(self) -> None:
+        """Slack's ``member_joined_channel`` event for the bot back in FIN_CHANNEL, delivered
+        again (as Slack retries) while web does not answer; lost after the last try."""
+        for attempt, pause in enumerate((0.0, 1.0, 5.0, 15.0)):
+            await asyncio.sleep(pause)
+            sent = await self.send(
+                lambda n=attempt: self.client.member_joined(
+                    FIN_CHANNEL, self.slack.bot_user_id, retry=n
+                )
+            )
+            if sent == 200:
+                return
 
     async def pause_workers(self) -> None:
         """SIGSTOP a worker for longer than its lease, then SIGCONT it (its own PID only).
