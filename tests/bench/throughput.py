@@ -89,6 +89,17 @@ class Driver:
         n_started = 0
         starting_done = asyncio.Event()
 
+        # A gate may open before start_run has returned (a fast worker): its event is kept
+        # until the run is known, else the run would wait for an approval that never comes.
+        early: dict[str, list[str]] = {}
+
+        def approve(gate_id: str) -> None:
+            task = asyncio.create_task(
+                self.gateway.decide(gate_id, Decision.APPROVE, by="U-approver")
+            )
+            self._decisions.add(task)
+            task.add_done_callback(self._decisions.discard)
+
         async def starter() -> None:
             nonlocal n_started
             try:
@@ -99,6 +110,8 @@ class Driver:
                     )
                     started[run.run_id] = time.perf_counter()
                     n_started += 1
+                    for gate_id in early.pop(run.run_id, []):
+                        approve(gate_id)
             finally:
                 starting_done.set()
 
@@ -146,14 +159,12 @@ class Driver:
                         last[stream] = msg_id
                         kind, run_id = fields.get("type"), fields.get("run_id", "")
                         if run_id not in started:
+                            if kind == "gate.opened":
+                                gate_id = json.loads(fields["data"])["gate_id"]
+                                early.setdefault(run_id, []).append(gate_id)
                             continue
                         if kind == "gate.opened":
-                            gate_id = json.loads(fields["data"])["gate_id"]
-                            task = asyncio.create_task(
-                                self.gateway.decide(gate_id, Decision.APPROVE, by="U-approver")
-                            )
-                            self._decisions.add(task)
-                            task.add_done_callback(self._decisions.discard)
+                            approve(json.loads(fields["data"])["gate_id"])
                         elif kind in ("run.completed", "run.failed"):
                             t_last = time.perf_counter()
                             if kind == "run.completed":
