@@ -147,6 +147,7 @@ from tests.soak.config import (
     SEED,
     redis_failed,
 )
+from tests.soak.editors import Editors, Revoke
 from tests.soak.people import CallPlan, ChildRun, GateRecord, People, RunPlan, SoakSlack
 from tests.soak.verdict import Verdict
 
@@ -203,7 +204,7 @@ KNOWN = {
 
 
 # --------------------------------------------------------------------------- the soak
-class Soak(People, Chaos, Verdict):
+class Soak(People, Editors, Chaos, Verdict):
     """The soak's state, its parts (people, chaos, verdict) and its phases."""
 
     def __init__(
@@ -242,6 +243,8 @@ class Soak(People, Chaos, Verdict):
         self.nudge_events: dict[str, list[tuple[str, float, str]]] = {}
         self.approval_events: Counter[str] = Counter()
         self.bot_out: list[tuple[float, float]] = []  # unix times the bot was out of FIN_CHANNEL
+        self.revokes: list[Revoke] = []  # Revoke clicks in /agent grants (tests/soak/editors.py)
+        self.edit_grant_problems: list[str] = []  # forms opened for who may not decide, …
         for group, members in GROUPS.items():
             slack.set_usergroup(group, list(members))
         # Seen by the soak's own reads and its events audit: violations found along the way.
@@ -362,7 +365,13 @@ class Soak(People, Chaos, Verdict):
         ]
         background = [
             asyncio.ensure_future(x)
-            for x in (self.starter(), self.watcher(), self.auditor(), self.supervise())
+            for x in (
+                self.starter(),
+                self.watcher(),
+                self.auditor(),
+                self.supervise(),
+                self.revoker(),
+            )
         ]
         try:
             await asyncio.sleep(SOAK_SECONDS)
