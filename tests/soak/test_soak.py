@@ -482,6 +482,10 @@ def entry_id(value: object) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+FORGED_EDITS = "requester's forged edit forms sent"
+FORGED_GRANTS = "requester's forged grant forms sent"
+
+
 async def test_soak(tmp_path: Path) -> None:
     on = "on a Redis Cluster (3 masters + 3 replicas)" if CLUSTER else "on one redis-server"
     print(
@@ -578,6 +582,22 @@ async def test_soak(tmp_path: Path) -> None:
         f"(racing {counts['quorum gates approved by racing approvers']}), "
         f"denied={counts['quorum gates denied']}, expired={counts['quorum gates expired']}, "
         f"executed calls hash-checked={counts['executed calls whose arguments hash was checked']}"
+    )
+    print(
+        f"soak edits, grants, audit (seed {SEED}): "
+        f"edited gates={counts['edited gates (Edit & approve)']} "
+        f"(ran with the edit {counts['edited calls that ran, checked against their edit']}), "
+        f"invalid edits refused={counts['invalid edits answered']}, "
+        f"grants made={counts['grants made (Approve & allow)']} "
+        f"(revoked {counts['grants revoked']}, expired {counts['grants expired during the soak']}), "
+        f"gates decided by a grant={counts['gates decided by a grant']} "
+        f"(with a constraint {counts['gates decided by a grant with a constraint']}), "
+        f"revokes acknowledged={counts['revokes acknowledged']}, "
+        f"requester's forged forms={counts[FORGED_EDITS] + counts[FORGED_GRANTS]}, "
+        f"audit entries verified={counts['audit entries verified']} "
+        f"(executed gated calls with one outcome "
+        f"{counts['executed gated calls with one audit outcome']}, gated sub-agent calls exempt "
+        f"{counts['gated sub-agent calls (exempt: no outcome audit entry)']})"
     )
     if CLUSTER:
         print(f"soak {soak.bound_summary}")
