@@ -83,7 +83,7 @@ class SoakSlack(FakeSlack):
                         continue
                     for el in block.get("elements") or []:
                         action = el.get("action_id")
-                        if action in BUTTONS:
+                        if action in BUTTONS.values():
                             value = str(el.get("value") or "")
                             gate_id = cards.parse_button_value(value)[0]
                             self.buttons.setdefault(gate_id, {})[action] = value
