@@ -205,7 +205,7 @@ class Editors:
         """Now and then an approver lists ``/agent grants`` and revokes one of them."""
         rng = random.Random(f"{SEED}:revoker")
         while self.loading:
-            await asyncio.sleep(rng.uniform(4.0, 10.0))
+            await asyncio.sleep(rng.uniform(2.0, 6.0))
             user = rng.choice(APPROVERS)
             name = self.reply_name("grants")
             res = await self.post(
@@ -222,15 +222,16 @@ class Editors:
             end = time.monotonic() + 3
             while time.monotonic() < end and not self.slack.responses(name):
                 await asyncio.sleep(0.1)
-            ids = [
+            ids = [  # each listed grant's Revoke: its section's accessory
                 str(el.get("value"))
                 for r in self.slack.responses(name)
                 for block in r.args.get("blocks") or []
-                for el in block.get("elements") or []
+                for el in [block.get("accessory"), *(block.get("elements") or [])]
                 if isinstance(el, dict) and el.get("action_id") == grant_view.REVOKE_ACTION
             ]
             self.counts["/agent grants lists answered"] += 1
-            if not ids or rng.random() < 0.4:
+            self.counts["grants listed in /agent grants"] += len(ids)
+            if not ids or rng.random() < 0.25:
                 continue
             grant_id = rng.choice(ids)
             name = self.reply_name("revoke")
