@@ -1,12 +1,13 @@
 """The people of the soak (part of :class:`tests.soak.test_soak.Soak`).
 
 :class:`SoakSlack` is the fake Slack, indexing what the people see: the replies to each
-response_url, the forms opened, the buttons each gate's card shows. The plans are the runs the
-requester asks for (each with a scripted model conversation, and one for each child run its
-sub-agent calls start). :class:`People` starts runs through signed ``/agent`` commands, watches
+response_url, the forms opened, the buttons each gate's card shows. The plans
+(``tests/soak/plans.py``) are the runs the requester asks for (each with a scripted model
+conversation, and one for each child run its sub-agent calls start). :class:`People` starts runs through signed ``/agent`` commands, watches
 Redis for runs, their child runs (each parent's children set) and gates, and gives every gate its
 seeded fate: approve, deny (button then modal), expire (sometimes a late click), a double
-click, an approve/deny race, or a cancel. A person whose click did not take clicks again; a
+click, an approve/deny race, or a cancel (and the edit and grant fates of
+``tests/soak/editors.py``). A person whose click did not take clicks again; a
 click acknowledged and then lost is noted.
 """
 

@@ -103,9 +103,11 @@ results checked, and the faults that hit while a child run was active.
 The parts: ``config.py`` (what the modules share: the seed, who is who, the fates);
 ``soak_agent.py`` (the agent, its tools and their routes: ``POLICIES``);
 ``promises.py`` (the checks of the routes, reminders, escalation, quorums and hashes);
-``chaos.py`` (the processes and the faults); ``bound.py`` (the timed master kills and the
-failover bound); ``people.py`` (the fake Slack, the plans, the
-requester and the approvers); ``verdict.py`` (the events audit and the verdict); this file
+``grant_promises.py`` (the checks of edits, grants and the audit trail); ``chaos.py`` (the
+processes and the faults); ``bound.py`` (the timed master kills and the failover bound);
+``plans.py`` (the runs asked for and their scripted model); ``people.py`` (the fake Slack,
+the requester and the approvers); ``editors.py`` (their edits, grants and revokes);
+``verdict.py`` (the events audit and the verdict); this file
 (the knobs, the known issues, :class:`Soak` putting the parts together and running the phases,
 and the test).
 """
