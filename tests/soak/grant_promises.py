@@ -87,8 +87,9 @@ class EditGrantPromises:
         return bad
 
     async def check_invalid_edits(self, facts: Facts) -> list[str]:
-        """An invalid edit was refused with its field's error and decided nothing: its
-        sender decided the gate, if at all, only after that answer."""
+        """An invalid edit was refused with its field's error (or, sent once the gate had
+        ended, closed the form: its sender is told so) and decided nothing: its sender
+        decided the gate, if at all, only after that answer."""
         bad: list[str] = []
         for view in facts.gates.values():
             for c in view.rec.clicks:
@@ -99,9 +100,13 @@ class EditGrantPromises:
                     errors = (json.loads(c.answer or "{}") or {}).get("errors") or {}
                 except ValueError:
                     errors = {}
-                if NOT_WHOLE not in errors.values():
+                decided = view.at("decided_at") or view.at("deadline")
+                if NOT_WHOLE in errors.values():
+                    self.counts["invalid edits refused with the field's error"] += 1
+                elif c.answer or decided is None or c.acked_unix is None or decided > c.acked_unix:
                     bad.append(f"{view.where()}: an invalid edit was answered {c.answer[:80]!r}")
-                decided = view.at("decided_at")
+                else:  # the form closed, the person told the gate was decided or expired
+                    self.counts["invalid edits sent once the gate had ended (form closed)"] += 1
                 if (
                     view.h.get("decided_by") == c.user
                     and decided is not None

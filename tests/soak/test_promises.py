@@ -108,7 +108,10 @@ async def test_an_invalid_edit_that_decided_or_was_not_refused_is_a_violation() 
 
     assert not await c.check_invalid_edits(facts(invalid(refused, "10.0")))
     assert await c.check_invalid_edits(facts(invalid(refused, "8.0")))  # decided before the answer
-    assert await c.check_invalid_edits(facts(invalid("", "10.0")))  # accepted
+    assert await c.check_invalid_edits(facts(invalid("", "10.0")))  # accepted while pending
+    ended = invalid("", "8.0")  # sent once the gate had ended: the form closes, nothing decided
+    ended.h["decided_by"] = ""  # it expired
+    assert not await c.check_invalid_edits(facts(ended))
 
 
 class Grants(Checks):
