@@ -124,7 +124,8 @@ bench: install redis-check $(BENCH_STAMP)
 # The soak (tests/soak/test_soak.py): runs under random decisions (approve, deny, expire,
 # double clicks, approver races, cancels, late clicks; and for its routed, reminded, escalated
 # and two-approver tools: outsiders' clicks, the escalated person, quorum races, the bot removed
-# from the approval channel and invited back) while web and workers are SIGKILLed,
+# from the approval channel and invited back; Edit & approve, invalid edits, Approve & allow
+# and /agent grants revokes, checking the audit trail at the end) while web and workers are SIGKILLed,
 # workers are paused (SIGSTOP) past their lease and continued, and Redis is restarted from its
 # AOF. Prints runs, decisions, SIGKILLs, pauses, takeovers, Redis restarts, in-doubt calls and
 # violations. SOAK_SECONDS=600 by default (11-20 min with the drain); SOAK_SEED=N replays a

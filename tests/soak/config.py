@@ -39,6 +39,8 @@ ESCALATE_TO = "U0SOAKESC"
 STRANGER = "U0SOAKSTRANGER"
 APPROVERS = (APPROVER, APPROVER2, APPROVER3)  # the APPROVERS setting
 GROUPS = {FIN_GROUP: (FIN1, FIN2)}  # the user groups the fake Slack knows
+# `ship`'s allow_for: short, so that grants also expire during a run (tests/soak/editors.py).
+GRANT_SECONDS = 10.0
 REMIND_AFTER, ESCALATE_AFTER = 1.0, 2.0  # shorter than the workers' APPROVAL_TIMEOUT (3 s, 12 s)
 
 FATES = ["approve", "deny", "expire", "double", "race", "cancel"]
@@ -71,6 +73,15 @@ QUORUM_FATES = [
     "cancel",
 ]
 QUORUM_WEIGHTS = [24, 16, 12, 10, 10, 10, 12, 6]
+# An editable gate's (`adjust`): Edit & approve (sometimes an invalid edit first, refused;
+# or the requester's click and forged form first, refused), or the plain fates. A grantable
+# gate's (`ship`): Approve & allow with any arguments or only its `env` (or the requester's try
+# first, refused), or the plain fates; the thread's later `ship` gates are decided by the grant
+# ("by-grant", tests/soak/editors.py).
+EDIT_FATES = ["edit", "edit-invalid", "edit-outsider", "approve", "deny", "expire"]
+EDIT_WEIGHTS = [30, 22, 12, 14, 12, 10]
+GRANT_FATES = ["grant", "grant-only", "grant-requester", "approve", "deny", "expire"]
+GRANT_WEIGHTS = [28, 26, 12, 12, 12, 10]
 
 # Chaos: a worker paused (SIGSTOP) for longer than its lease, then continued.
 PAUSE_SECONDS = (2.5, 6.0)

@@ -1,12 +1,13 @@
 """The people of the soak (part of :class:`tests.soak.test_soak.Soak`).
 
 :class:`SoakSlack` is the fake Slack, indexing what the people see: the replies to each
-response_url, the forms opened, the buttons each gate's card shows. The plans are the runs the
-requester asks for (each with a scripted model conversation, and one for each child run its
-sub-agent calls start). :class:`People` starts runs through signed ``/agent`` commands, watches
+response_url, the forms opened, the buttons each gate's card shows. The plans
+(``tests/soak/plans.py``) are the runs the requester asks for (each with a scripted model
+conversation, and one for each child run its sub-agent calls start). :class:`People` starts runs through signed ``/agent`` commands, watches
 Redis for runs, their child runs (each parent's children set) and gates, and gives every gate its
 seeded fate: approve, deny (button then modal), expire (sometimes a late click), a double
-click, an approve/deny race, or a cancel. A person whose click did not take clicks again; a
+click, an approve/deny race, or a cancel (and the edit and grant fates of
+``tests/soak/editors.py``). A person whose click did not take clicks again; a
 click acknowledged and then lost is noted.
 """
 
@@ -17,7 +18,7 @@ import functools
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,15 +26,19 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from agent_core import Gateway, Keys
-from agent_core.testing import FakeOpenAI, Step, call, calls, reply
-from bot import cards
+from agent_core.testing import FakeOpenAI
+from bot import cards, edit_view, grant_view
 from tests.slack_fake import FakeSlack, HttpResult, SlackCall, SlackClient
 from tests.soak.config import (
     APPROVERS,
     CHANNEL,
+    EDIT_FATES,
+    EDIT_WEIGHTS,
     ESCALATE_TO,
     FATE_WEIGHTS,
     FATES,
+    GRANT_FATES,
+    GRANT_WEIGHTS,
     GROUPS,
     MAX_OPEN_RUNS,
     QUORUM_FATES,
@@ -44,7 +49,10 @@ from tests.soak.config import (
     SEED,
     STRANGER,
 )
-from tests.soak.soak_agent import MAX_DEPTH, POLICIES, QUORUM, ROUTED, SUB_AGENT_TOOLS
+from tests.soak.plans import CallPlan, RunPlan, final_answer, op_depth, plan_run, script_of
+from tests.soak.soak_agent import EDITABLE, GRANTABLE, POLICIES, QUORUM, ROUTED
+
+__all__ = ["CallPlan", "RunPlan", "final_answer", "op_depth"]  # the plans, as before
 
 
 class SoakSlack(FakeSlack):
@@ -76,48 +84,20 @@ class SoakSlack(FakeSlack):
                         continue
                     for el in block.get("elements") or []:
                         action = el.get("action_id")
-                        if action in (cards.APPROVE_ACTION, cards.DENY_ACTION):
+                        if action in BUTTONS.values():
                             value = str(el.get("value") or "")
                             gate_id = cards.parse_button_value(value)[0]
                             self.buttons.setdefault(gate_id, {})[action] = value
                             self.card_at[gate_id] = where
 
 
-# --------------------------------------------------------------------------- the plan
-@dataclass
-class CallPlan:
-    tool: str
-    op: str
-    args: dict[str, Any]
-    child: RunPlan | None = None  # a sub-agent call: the child run it should start
-
-
-@dataclass
-class RunPlan:
-    index: int
-    attempt: int
-    task: str
-    turns: list[list[CallPlan]]
-    run_id: str | None = None
-    acked_at: float | None = None
-    reply_name: str = ""
-    abandoned: bool = False  # acknowledged or not, it never became a run (yet)
-    depth: int = 0  # 0: started by /agent; 1, 2: a child run (a sub-agent's)
-    parent_op: str = ""  # a child run's: the op of the parent's call that starts it
-
-    def descendants(self) -> Iterator[RunPlan]:
-        """The child plans of this plan's sub-agent calls, and theirs."""
-        for turn in self.turns:
-            for c in turn:
-                if c.child is not None:
-                    yield c.child
-                    yield from c.child.descendants()
-
-    def calls(self) -> Iterator[CallPlan]:
-        """Every call of this plan and of its descendants."""
-        for plan in (self, *self.descendants()):
-            for turn in plan.turns:
-                yield from turn
+# --------------------------------------------------------------------------- the people
+BUTTONS = {
+    "approve": cards.APPROVE_ACTION,
+    "deny-button": cards.DENY_ACTION,
+    "edit-button": edit_view.EDIT_ACTION,
+    "grant-button": grant_view.GRANT_ACTION,
+}
 
 
 @dataclass
@@ -144,6 +124,7 @@ class Click:
     target: str = ""  # a cancel's: the run it cancels
     acked_unix: float | None = None  # when its HTTP 200 came (time.time())
     outsider: bool = False  # by someone who may not decide the gate (then): must be refused
+    answer: str = ""  # a modal submission's HTTP answer (its errors, if any)
 
 
 @dataclass
@@ -161,85 +142,10 @@ class GateRecord:
     def sent(self, kind: str, by: str = "") -> bool:
         """Whether someone who may decide the gate sent a click of that kind, or ``by`` did
         (the decider: a click sent as an outsider's may arrive once it may decide, e.g. after
-        the escalation; verdict's check_deciders judges that)."""
-        return any(c.kind == kind and (not c.outsider or c.user == by) for c in self.clicks)
-
-
-SUB_SHARE = 0.28  # the share of runs whose model calls a sub-agent
-DEEPER_SHARE = 0.35  # the share of sub-agent runs that call the sub-sub-agent
-GATED_SUB_SHARE = 0.3  # the share of sub-agent calls made through the gated tool
-PLAIN = ["act", "slow_act", "resync", "peek", "pay", "wire", "vote"]
-PLAIN_WEIGHTS = [34, 11, 8, 15, 14, 9, 9]
-
-
-def op_depth(op: str) -> int:
-    """The depth of the run that makes the call ``op``: ``index.attempt.turn.call`` at the
-    top, and ``<op of the sub-agent call>.turn.call`` below."""
-    return (op.count(".") - 3) // 2
-
-
-def plain_call(rng: random.Random, op: str) -> CallPlan:
-    tool = rng.choices(PLAIN, PLAIN_WEIGHTS)[0]
-    args: dict[str, Any] = {"op": op}
-    if tool == "slow_act":
-        args["seconds"] = round(rng.uniform(0.2, 1.5), 2)
-    return CallPlan(tool, op, args)
-
-
-def sub_call(rng: random.Random, op: str, depth: int) -> CallPlan:
-    """A call (by a run at ``depth``) of the sub-agent one level down, and the child's plan:
-    its task is the call's ``task`` argument, which the fake model is scripted by."""
-    ungated, gated = SUB_AGENT_TOOLS[depth]
-    tool = gated if rng.random() < GATED_SUB_SHARE else ungated
-    task = f"soak-{SEED} sub {op}"
-    deeper = depth + 1 < MAX_DEPTH and rng.random() < DEEPER_SHARE
-    child = RunPlan(
-        -1, 0, task, plan_turns(rng, op, depth + 1, deeper), depth=depth + 1, parent_op=op
-    )
-    return CallPlan(tool, op, {"task": task}, child)
-
-
-def plan_turns(rng: random.Random, prefix: str, depth: int, with_sub: bool) -> list[list[CallPlan]]:
-    """1-3 model turns (1-2 below the top) of 1-2 calls; with ``with_sub``, one turn calls
-    the sub-agent one level down (sometimes twice: two children at once)."""
-    n_turns = rng.choice([1, 1, 2, 2, 3] if depth == 0 else [1, 1, 2])
-    sub_turn = rng.randrange(n_turns) if with_sub else -1
-    turns: list[list[CallPlan]] = []
-    for t in range(n_turns):
-        n_calls = rng.choice([1, 1, 2, 2] if t == sub_turn else [1, 1, 1, 2])
-        sub_at = rng.randrange(n_calls) if t == sub_turn else -1
-        turn = []
-        for k in range(n_calls):
-            op = f"{prefix}.{t}.{k}"
-            if k == sub_at or (t == sub_turn and rng.random() < 0.2):
-                turn.append(sub_call(rng, op, depth))
-            else:
-                turn.append(plain_call(rng, op))
-        turns.append(turn)
-    return turns
-
-
-def plan_run(rng: random.Random, index: int, attempt: int) -> RunPlan:
-    # Not "soak …": a first word naming an agent picks that agent, and leaves the rest as
-    # the task (bot.directory.AgentDirectory.route), which no script would match.
-    task = f"soak-{SEED} run {index} try {attempt}"
-    with_sub = rng.random() < SUB_SHARE
-    return RunPlan(index, attempt, task, plan_turns(rng, f"{index}.{attempt}", 0, with_sub))
-
-
-def script_of(plan: RunPlan) -> list[Step]:
-    steps: list[Step] = []
-    for turn in plan.turns:
-        if len(turn) == 1:
-            steps.append(call(turn[0].tool, turn[0].args))
-        else:
-            steps.append(calls([(c.tool, c.args) for c in turn]))
-    steps.append(reply(final_answer(plan.task)))
-    return steps
-
-
-def final_answer(task: str) -> str:
-    return f"final answer of {task}"
+        the escalation; verdict's check_deciders judges that). An approval may also be an
+        edit's or a grant's submission."""
+        kinds = {kind, "edit-submit", "grant-submit"} if kind == "approve" else {kind}
+        return any(c.kind in kinds and (not c.outsider or c.user == by) for c in self.clicks)
 
 
 def fate_of(op: str, tool: str) -> str:
@@ -252,6 +158,10 @@ def fate_of(op: str, tool: str) -> str:
         return fate
     if tool in ROUTED:
         return rng.choices(ROUTED_FATES, ROUTED_WEIGHTS)[0]
+    if tool in EDITABLE:
+        return rng.choices(EDIT_FATES, EDIT_WEIGHTS)[0]
+    if tool in GRANTABLE:
+        return rng.choices(GRANT_FATES, GRANT_WEIGHTS)[0]
     return rng.choices(FATES, FATE_WEIGHTS)[0]
 
 
@@ -312,6 +222,8 @@ class People:
         def redis_down_between(self, t0: float, t1: float) -> bool: ...
 
         def clicked(self, rec: GateRecord, c: Click) -> None: ...
+
+        async def act_more(self, rec: GateRecord, rng: random.Random, a: str) -> None: ...
 
     # ------------------------------------------------------------------ helpers
     def reply_name(self, what: str) -> str:
@@ -489,6 +401,8 @@ class People:
                 continue
             op = self.op_of(gate.args)
             fate = fate_of(op, gate.tool)
+            if (gate.decided_by or "").startswith("grant:"):
+                fate = "by-grant"  # opened approved: a grant of the thread decided it
             rec = GateRecord(gate.gate_id, run_id, op, gate.tool, fate, gate.deadline)
             if child is not None:
                 rec.depth = child.depth
@@ -555,10 +469,7 @@ class People:
     ) -> Click:
         """Click Approve or Deny on the gate's card, with the value the card carries."""
         name = self.reply_name("click")
-        action = {
-            "approve": cards.APPROVE_ACTION,
-            "deny-button": cards.DENY_ACTION,
-        }[kind]
+        action = BUTTONS[kind]
         value = await self.button(rec, action, wait)
         sent = time.monotonic()
         if value is None:  # no card shown yet: nothing to click (the person looks again)
@@ -717,7 +628,7 @@ class People:
             await self.click(rec, "approve", REQUESTER, outsider=True)
             await asyncio.gather(self.click(rec, "approve", a), self.click(rec, "approve", b))
         else:
-            raise AssertionError(f"unknown fate {fate}")
+            await self.act_more(rec, rng, a)  # edits and grants (tests/soak/editors.py)
 
     async def gate_fields(self, gate_id: str, *fields: str) -> list[str | None] | None:
         """Fields of the gate's hash (None while Redis is down)."""

@@ -28,6 +28,7 @@ from agent_core.gating import args_hash
 from agent_core.quorum import Approval, approvals_of
 from bot import route_cards
 from tests.soak.config import APPROVERS, GROUPS, REQUESTER
+from tests.soak.grant_promises import EditGrantPromises
 from tests.soak.people import GateRecord, RunPlan, SoakSlack
 from tests.soak.soak_agent import GATED_SUB_AGENTS, POLICIES, QUORUM, ROUTED, Policy
 
@@ -135,10 +136,15 @@ PROMISES = (
     "check_nudges",
     "check_nudge_replies",
     "check_quorums",
+    "check_edits",
+    "check_invalid_edits",
+    "check_grant_decisions",
+    "check_grants_made",
+    "check_audit_trail",
 )
 
 
-class Promises:
+class Promises(EditGrantPromises):
     """The checks of :data:`PROMISES`."""
 
     # Set by Soak.__init__ (tests/soak/test_soak.py).
@@ -226,7 +232,7 @@ class Promises:
             for c in view.rec.clicks:  # refused, unless its sender may decide by then
                 if c.outsider and c.status == 200 and c.user not in (by, *counted):
                     self.counts["outsider clicks acknowledged and refused"] += 1
-            if not by or by.startswith("rule:") or (st == "denied" and by == REQUESTER):
+            if not by or by.startswith(("rule:", "grant:")) or (st == "denied" and by == REQUESTER):
                 continue
             if by == REQUESTER or not view.may_decide(by, at):
                 bad.append(f"{view.where()} decided by {by}, who may not decide it then")

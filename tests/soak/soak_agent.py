@@ -10,7 +10,10 @@ Three more gated tools exercise the routes, reminders, escalation and quorums: `
 cards in the approval channel ``FIN_CHANNEL``, decided by the ``FIN_GROUP`` user group only,
 reminded after 1 s and escalated to ``ESCALATE_TO`` after 2 s), ``wire`` (two approvals, its
 cards in the approval channel too, reminded) and ``vote`` (two approvals in the task's
-thread, escalated). :data:`POLICIES` says the same for the verdict.
+thread, escalated). ``adjust`` may be edited before it is approved (its ``amount`` and
+``note``), and ``ship`` allowed for the rest of its thread for ``GRANT_SECONDS`` (a grant,
+which decides the thread's later ``ship`` calls). :data:`POLICIES` says the same for the
+verdict.
 
 Every tool appends ``start <tool> <op> <pid> <args hash>`` before its side effect and ``end
 <tool> <op> <pid> <args hash>`` after it to the file named by ``SOAK_JOURNAL`` (the hash of the
@@ -35,6 +38,7 @@ from tests.soak.config import (
     ESCALATE_TO,
     FIN_CHANNEL,
     FIN_GROUP,
+    GRANT_SECONDS,
     REMIND_AFTER,
 )
 
@@ -118,7 +122,25 @@ async def vote(op: str) -> str:
     return f"did {op}"
 
 
-TOOLS = [act, slow_act, resync, peek, pay, wire, vote]
+@tool(requires_approval=True, editable=["amount", "note"])
+async def adjust(op: str, amount: int, note: str) -> str:
+    """An adjustment an approver may edit (its ``amount`` and ``note``, not its ``op``)."""
+    _journal("start", "adjust", op, amount=amount, note=note)
+    await asyncio.sleep(0.02)
+    _journal("end", "adjust", op, amount=amount, note=note)
+    return f"did {op}"
+
+
+@tool(requires_approval=True, allow_for=GRANT_SECONDS)
+async def ship(op: str, env: str) -> str:
+    """A deploy an approver may allow for the rest of the thread (for ``GRANT_SECONDS``)."""
+    _journal("start", "ship", op, env=env)
+    await asyncio.sleep(0.02)
+    _journal("end", "ship", op, env=env)
+    return f"did {op}"
+
+
+TOOLS = [act, slow_act, resync, peek, pay, wire, vote, adjust, ship]
 
 
 @dataclass(frozen=True)
@@ -130,14 +152,20 @@ class Policy:
     approvals: int = 1
     remind: bool = False
     escalate_to: tuple[str, ...] = ()
+    editable: tuple[str, ...] = ()  # the fields Edit & approve may change
+    allow_for: float = 0.0  # > 0: Approve & allow (a grant for the thread)
 
 
 POLICIES = {
     "pay": Policy((FIN_GROUP,), FIN_CHANNEL, 1, True, (ESCALATE_TO,)),
     "wire": Policy((), FIN_CHANNEL, 2, True),
     "vote": Policy((), "", 2, False, (ESCALATE_TO,)),
+    "adjust": Policy(editable=("amount", "note")),
+    "ship": Policy(allow_for=GRANT_SECONDS),
 }
 ROUTED = frozenset(t for t, p in POLICIES.items() if p.channel)
+EDITABLE = frozenset(t for t, p in POLICIES.items() if p.editable)
+GRANTABLE = frozenset(t for t, p in POLICIES.items() if p.allow_for)
 QUORUM = frozenset(t for t, p in POLICIES.items() if p.approvals > 1)
 
 deep_agent = Agent(

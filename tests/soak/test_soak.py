@@ -103,9 +103,11 @@ results checked, and the faults that hit while a child run was active.
 The parts: ``config.py`` (what the modules share: the seed, who is who, the fates);
 ``soak_agent.py`` (the agent, its tools and their routes: ``POLICIES``);
 ``promises.py`` (the checks of the routes, reminders, escalation, quorums and hashes);
-``chaos.py`` (the processes and the faults); ``bound.py`` (the timed master kills and the
-failover bound); ``people.py`` (the fake Slack, the plans, the
-requester and the approvers); ``verdict.py`` (the events audit and the verdict); this file
+``grant_promises.py`` (the checks of edits, grants and the audit trail); ``chaos.py`` (the
+processes and the faults); ``bound.py`` (the timed master kills and the failover bound);
+``plans.py`` (the runs asked for and their scripted model); ``people.py`` (the fake Slack,
+the requester and the approvers); ``editors.py`` (their edits, grants and revokes);
+``verdict.py`` (the events audit and the verdict); this file
 (the knobs, the known issues, :class:`Soak` putting the parts together and running the phases,
 and the test).
 """
@@ -147,6 +149,7 @@ from tests.soak.config import (
     SEED,
     redis_failed,
 )
+from tests.soak.editors import Editors, Revoke
 from tests.soak.people import CallPlan, ChildRun, GateRecord, People, RunPlan, SoakSlack
 from tests.soak.verdict import Verdict
 
@@ -197,7 +200,7 @@ KNOWN = {
 
 
 # --------------------------------------------------------------------------- the soak
-class Soak(People, Chaos, Verdict):
+class Soak(People, Editors, Chaos, Verdict):
     """The soak's state, its parts (people, chaos, verdict) and its phases."""
 
     def __init__(
@@ -236,6 +239,8 @@ class Soak(People, Chaos, Verdict):
         self.nudge_events: dict[str, list[tuple[str, float, str]]] = {}
         self.approval_events: Counter[str] = Counter()
         self.bot_out: list[tuple[float, float]] = []  # unix times the bot was out of FIN_CHANNEL
+        self.revokes: list[Revoke] = []  # Revoke clicks in /agent grants (tests/soak/editors.py)
+        self.edit_grant_problems: list[str] = []  # forms opened for who may not decide, …
         for group, members in GROUPS.items():
             slack.set_usergroup(group, list(members))
         # Seen by the soak's own reads and its events audit: violations found along the way.
@@ -356,7 +361,13 @@ class Soak(People, Chaos, Verdict):
         ]
         background = [
             asyncio.ensure_future(x)
-            for x in (self.starter(), self.watcher(), self.auditor(), self.supervise())
+            for x in (
+                self.starter(),
+                self.watcher(),
+                self.auditor(),
+                self.supervise(),
+                self.revoker(),
+            )
         ]
         try:
             await asyncio.sleep(SOAK_SECONDS)
@@ -468,6 +479,10 @@ def entry_id(value: object) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+FORGED_EDITS = "requester's forged edit forms sent"
+FORGED_GRANTS = "requester's forged grant forms sent"
+
+
 async def test_soak(tmp_path: Path) -> None:
     on = "on a Redis Cluster (3 masters + 3 replicas)" if CLUSTER else "on one redis-server"
     print(
@@ -564,6 +579,22 @@ async def test_soak(tmp_path: Path) -> None:
         f"(racing {counts['quorum gates approved by racing approvers']}), "
         f"denied={counts['quorum gates denied']}, expired={counts['quorum gates expired']}, "
         f"executed calls hash-checked={counts['executed calls whose arguments hash was checked']}"
+    )
+    print(
+        f"soak edits, grants, audit (seed {SEED}): "
+        f"edited gates={counts['edited gates (Edit & approve)']} "
+        f"(ran with the edit {counts['edited calls that ran, checked against their edit']}), "
+        f"invalid edits refused={counts['invalid edits answered']}, "
+        f"grants made={counts['grants made (Approve & allow)']} "
+        f"(revoked {counts['grants revoked']}, expired {counts['grants expired during the soak']}), "
+        f"gates decided by a grant={counts['gates decided by a grant']} "
+        f"(with a constraint {counts['gates decided by a grant with a constraint']}), "
+        f"revokes acknowledged={counts['revokes acknowledged']}, "
+        f"requester's forged forms={counts[FORGED_EDITS] + counts[FORGED_GRANTS]}, "
+        f"audit entries verified={counts['audit entries verified']} "
+        f"(executed gated calls with one outcome "
+        f"{counts['executed gated calls with one audit outcome']}, gated sub-agent calls exempt "
+        f"{counts['gated sub-agent calls (exempt: no outcome audit entry)']})"
     )
     if CLUSTER:
         print(f"soak {soak.bound_summary}")
