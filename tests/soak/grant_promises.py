@@ -11,8 +11,8 @@
   approvers, on the gates that record them, and each acknowledged Revoke ended its grant;
 - the audit trail: every shard's chain verifies (``agent_core.audit.verify_shard``), every
   gate has one ``opened`` entry, a decided gate exactly one decision entry, an executed gated
-  call exactly one outcome entry (a gated sub-agent call none: ``include/report_child.lua``
-  writes no audit entry, so it is exempt), and each grant one ``granted`` entry and, once
+  call exactly one outcome entry (a gated sub-agent call's, written with its child run's
+  report by ``include/report_child.lua``, once the child has ended), and each grant one ``granted`` entry and, once
   revoked, one ``revoked`` entry.
 """
 
@@ -203,8 +203,8 @@ class EditGrantPromises:
 
     async def check_audit_trail(self, facts: Facts) -> list[str]:
         """Every shard's chain verifies; one ``opened`` per gate, one decision entry per
-        decided gate, one outcome entry per executed gated call (none for a gated sub-agent
-        call: exempt), one ``granted`` per grant and one ``revoked`` per revoked grant."""
+        decided gate, one outcome entry per executed gated call (a gated sub-agent call's once
+        its child ended), one ``granted`` per grant and one ``revoked`` per revoked grant."""
         bad: list[str] = []
         by_gate: dict[str, Counter[str]] = {}
         grants: dict[str, Counter[str]] = {}
@@ -228,7 +228,18 @@ class EditGrantPromises:
             if outcomes > 1:
                 bad.append(f"{view.where()}: {dict(kinds)} audit entries, outcome twice")
             if view.rec.tool in GATED_SUB_AGENTS:
-                self.counts["gated sub-agent calls (exempt: no outcome audit entry)"] += 1
+                # Its outcome is written with the child run's report (include/report_child.lua):
+                # once the child it started has ended, exactly one.
+                ended = [
+                    n
+                    for n in facts.tree.values()
+                    if n.h.get("parent_gate") == view.rec.gate_id
+                    and n.status in ("completed", "failed", "cancelled")
+                ]
+                if ended and outcomes != 1:
+                    bad.append(f"{view.where()}: its child ended, {dict(kinds)} audit entries")
+                elif ended:
+                    self.counts["gated sub-agent calls with one audit outcome"] += 1
             elif starts[view.rec.op] and outcomes != 1:
                 bad.append(f"{view.where()}: ran, {dict(kinds)} audit entries, no outcome")
             elif starts[view.rec.op]:
