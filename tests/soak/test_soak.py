@@ -593,8 +593,8 @@ async def test_soak(tmp_path: Path) -> None:
         f"requester's forged forms={counts[FORGED_EDITS] + counts[FORGED_GRANTS]}, "
         f"audit entries verified={counts['audit entries verified']} "
         f"(executed gated calls with one outcome "
-        f"{counts['executed gated calls with one audit outcome']}, gated sub-agent calls exempt "
-        f"{counts['gated sub-agent calls (exempt: no outcome audit entry)']})"
+        f"{counts['executed gated calls with one audit outcome']}, gated sub-agent calls with "
+        f"one outcome {counts['gated sub-agent calls with one audit outcome']})"
     )
     if CLUSTER:
         print(f"soak {soak.bound_summary}")
