@@ -1330,6 +1330,7 @@ def test_the_real_manifest_subscribes_to_thread_replies() -> None:
         "app_mention",
         "assistant_thread_context_changed",
         "assistant_thread_started",
+        "member_joined_channel",
         "message.channels",
         "message.groups",
         "message.im",
