@@ -4,22 +4,16 @@ real; the modal is submitted as Slack submits it (``view_submission``)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from openai import AsyncOpenAI
-from redis.asyncio import Redis
 
 from agent_core import GateStatus, RunStatus
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
-from agent_core.worker import Worker
 from bot import cards, edit_view
-from bot.server import BotServer
 from tests.agents import editing
 from tests.bot.conftest import (
     APPROVER,
@@ -27,8 +21,7 @@ from tests.bot.conftest import (
     REQUESTER,
     STRANGER,
     BotHarness,
-    bot_settings,
-    core_settings,
+    Workers,
     journal_lines,
     wait_until,
 )
@@ -39,33 +32,10 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-async def ebot(
-    redis: Redis, redis_url: str, fake_slack: FakeSlack, fake_openai: FakeOpenAI, journal: Path
-) -> AsyncIterator[BotHarness]:
+async def ebot(make_multi: Callable[..., Awaitable[BotHarness]], workers: Workers) -> BotHarness:
     """The bot serving the ``editing`` agent, and a worker running it."""
-    h = BotHarness(redis, fake_slack, bot_settings(fake_slack))
-    h.server = BotServer(
-        h.settings,
-        redis,
-        h.gateway,
-        host="127.0.0.1",
-        port=0,
-        notifier_consumer="web-test",
-        notifier_block_ms=100,
-        agents=[editing],
-    )
-    await h.start()
-    client = AsyncOpenAI(api_key="sk-test-not-a-secret", base_url=fake_openai.base_url)
-    w = Worker(redis, [editing], client, core_settings(redis_url, fake_openai.base_url))
-    task = asyncio.create_task(w.run())
-    try:
-        yield h
-    finally:
-        w.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)
-        await client.close()
-        await h.close()
+    workers([editing])
+    return await make_multi(agents=[editing])
 
 
 async def finished(bot: BotHarness, run_id: str) -> Any:

@@ -5,23 +5,17 @@ model all run for real."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from openai import AsyncOpenAI
-from redis.asyncio import Redis
 
 from agent_core import GateStatus
 from agent_core.grants import grant_note
 from agent_core.testing import FakeOpenAI, call, reply, tool_messages
-from agent_core.worker import Worker
 from bot import cards, grant_view
-from bot.server import BotServer
 from tests.agents import shipping
 from tests.bot.conftest import (
     APPROVER,
@@ -30,8 +24,8 @@ from tests.bot.conftest import (
     GROUP_MEMBER,
     REQUESTER,
     BotHarness,
+    Workers,
     bot_settings,
-    core_settings,
     journal_lines,
     wait_until,
 )
@@ -42,33 +36,10 @@ NOBODY = "U0NOBODY"  # on no approver list
 
 
 @pytest.fixture
-async def sbot(
-    redis: Redis, redis_url: str, fake_slack: FakeSlack, fake_openai: FakeOpenAI, journal: Path
-) -> AsyncIterator[BotHarness]:
+async def sbot(make_multi: Callable[..., Awaitable[BotHarness]], workers: Workers) -> BotHarness:
     """The bot serving the ``shipping`` agent, and a worker running it."""
-    h = BotHarness(redis, fake_slack, bot_settings(fake_slack))
-    h.server = BotServer(
-        h.settings,
-        redis,
-        h.gateway,
-        host="127.0.0.1",
-        port=0,
-        notifier_consumer="web-test",
-        notifier_block_ms=100,
-        agents=[shipping],
-    )
-    await h.start()
-    client = AsyncOpenAI(api_key="sk-test-not-a-secret", base_url=fake_openai.base_url)
-    w = Worker(redis, [shipping], client, core_settings(redis_url, fake_openai.base_url))
-    task = asyncio.create_task(w.run())
-    try:
-        yield h
-    finally:
-        w.stop()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)
-        await client.close()
-        await h.close()
+    workers([shipping])
+    return await make_multi(agents=[shipping])
 
 
 async def click(bot: BotHarness, action: str, value: str, user: str, name: str) -> str:
