@@ -233,17 +233,16 @@ class Grants:
             "spec": spec,
             "max_grants": MAX_GRANTS_PER_THREAD,
         }
-        if gw.decision_replicas > 0:  # acknowledged once a replica has it, as a decision
-            res, reached = await gw.scripts.grant_gate_replicated(
-                gate_id,
-                gate.run_id,
-                **granting,
-                replicas=gw.decision_replicas,
-                wait_ms=gw.decision_wait_ms,
-            )
+        # With DECISION_REPLICAS, acknowledged once a replica has it, as a decision.
+        res, reached = await gw.scripts.grant_gate(
+            gate_id,
+            gate.run_id,
+            **granting,
+            replicas=gw.decision_replicas,
+            wait_ms=gw.decision_wait_ms,
+        )
+        if gw.decision_replicas > 0:
             warn_unreplicated(gw, gate_id, res.outcome, reached)
-        else:
-            res = await gw.scripts.grant_gate(gate_id, gate.run_id, **granting)
         if res.outcome is DecideOutcome.MISSING:
             raise GateNotFound(f"no gate {gate_id!r}")
         if res.outcome is DecideOutcome.MISMATCH:

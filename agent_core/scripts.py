@@ -479,28 +479,6 @@ class Scripts(ScriptSet):
         )
         return self._decision_of(res), reached
 
-    def _grant(
-        self,
-        gate_id: str,
-        run_id: str,
-        by: str,
-        reason: str,
-        attempt: str,
-        seen_hash: str,
-        self_ok: bool,
-        grant_id: str,
-        until: float,
-        spec: dict[str, str],
-        max_grants: int,
-    ) -> tuple[list[str], list[Any]]:
-        k = self.keys
-        shard = k.shard_of(gate_id)
-        keys, _ = self._decide(gate_id, run_id, "approved", by, reason, attempt, seen_hash)
-        keys += [k.grants(spec["scope"]), k.live_grants(shard)]
-        args = [gate_id, by, reason, attempt, run_id, seen_hash, "1" if self_ok else "0"]
-        args += [grant_id, f"{until:.6f}", json.dumps(spec), str(max_grants)]
-        return keys, args
-
     @staticmethod
     def _granted_of(res: list[Any]) -> Decision:
         if res[0] in ("not_allowed", "too_many", "bad_until"):
@@ -521,37 +499,21 @@ class Scripts(ScriptSet):
         until: float,
         spec: dict[str, str],
         max_grants: int,
-    ) -> Decision:
-        """GRANT_GATE: approve the gate as DECIDE_GATE does and record the grant ``grant_id``
-        of the thread ``spec["scope"]`` (its top run) in the same step."""
-        keys, args = self._grant(
-            gate_id, run_id, by, reason, attempt, seen_hash, self_ok, grant_id, until, spec,
-            max_grants,
-        )  # fmt: skip
-        return self._granted_of(await self._run("grant_gate", keys, args))
-
-    async def grant_gate_replicated(
-        self,
-        gate_id: str,
-        run_id: str,
-        *,
-        by: str,
-        reason: str,
-        attempt: str,
-        seen_hash: str,
-        self_ok: bool,
-        grant_id: str,
-        until: float,
-        spec: dict[str, str],
-        max_grants: int,
-        replicas: int,
-        wait_ms: int,
+        replicas: int = 0,
+        wait_ms: int = 0,
     ) -> tuple[Decision, int]:
-        """GRANT_GATE then WAIT for ``replicas`` (see :func:`eval_replicated`)."""
-        keys, args = self._grant(
-            gate_id, run_id, by, reason, attempt, seen_hash, self_ok, grant_id, until, spec,
-            max_grants,
-        )  # fmt: skip
+        """GRANT_GATE: approve the gate as DECIDE_GATE does and record the grant ``grant_id``
+        of the thread ``spec["scope"]`` (its top run) in the same step; with ``replicas``,
+        then WAIT for them (see :func:`eval_replicated`). The decision, and the replicas
+        reached (0 without WAIT)."""
+        k = self.keys
+        shard = k.shard_of(gate_id)
+        keys, _ = self._decide(gate_id, run_id, "approved", by, reason, attempt, seen_hash)
+        keys += [k.grants(spec["scope"]), k.live_grants(shard)]
+        args = [gate_id, by, reason, attempt, run_id, seen_hash, "1" if self_ok else "0"]
+        args += [grant_id, f"{until:.6f}", json.dumps(spec), str(max_grants)]
+        if replicas <= 0:
+            return self._granted_of(await self._run("grant_gate", keys, args)), 0
         res, reached = await eval_replicated(
             self.redis, self.source("grant_gate"), keys, args, replicas, wait_ms
         )
