@@ -258,6 +258,20 @@ class ModelClock:
         client._prepare_request = prepare_request  # type: ignore[method-assign]
         return client
 
+    def wrap_endpoint(self, endpoint: Any) -> None:
+        """Time a worker's :class:`agent_core.model_http.ModelEndpoint` calls. The body is
+        built by the runner before ``post`` is called, so it counts in the caller's own
+        windows: ``built`` is the call's start."""
+        post: Callable[[bytes], Awaitable[Any]] = endpoint.post
+
+        async def timed_post(body: bytes) -> Any:
+            with self.timing() as record:
+                record.built = record.start
+                record.body_bytes = len(body)
+                return await post(body)
+
+        endpoint.post = timed_post
+
     def within(self, a: float, b: float) -> list[ModelCall]:
         return [c for c in self.calls if c.start >= a and c.end <= b]
 

@@ -202,6 +202,8 @@ class Ours(Framework):
             self.settings,
             jobs_done=self.jobs_done,
         )
+        for runner in self.worker.runners.values():
+            self.clock.wrap_endpoint(runner.endpoint)
         self.keys = self.worker.keys  # the deployment's key layout, as the worker has it
         self.gateway = Gateway(self.bot_redis, self.keys, agent_name=bench_agent.agent.name)
         self._task: asyncio.Task[None] | None = None
