@@ -155,15 +155,20 @@ NOTES = """\
   is inside our windows: the headline counts it for us and nothing like it for the peers.
 - Ours' **pause** grows a little with N although its Redis work does not (bytes written and
   round trips are flat): when model turn 1's answer arrives the worker still holds the
-  decoded history and the request it built, and CPython frees them inside the window.
+  history it read and the request body it built, and CPython frees them inside the window.
+- **Ours, resumed elsewhere.** Neither worker keeps anything of a run between its jobs
+  (no per-run cache in the worker or the runner): both read the run's state from Redis in
+  the resume job, so the two resume columns measure the same work in another process, with
+  the same round trips.
 - **LangGraph's saver** stores every checkpoint as one RedisJSON document holding all
   channel values, so each superstep with `durability="sync"` writes the whole history again:
   its bytes written grow with N, where ours stay flat.
 - **No what-if rows any more.** openai-python's `chat.completions.create` walks every
   message through its parameter transform in Python (about 160 ms of event-loop time per
   call at 1,000 messages, measured); the what-if rows posted the parameters as they are.
-  That is what the worker does now (`client.post` with the request body built from the
-  stored history, agent_core/runner.py), so the rows were dropped.
+  That is what the worker does now, and more: its runner builds the request body from the
+  stored history (agent_core/runner.py) and `agent_core.model_http.ModelEndpoint` posts it
+  with aiohttp, so the rows were dropped.
 """
 
 NOT_RUN_STACK = """\
@@ -311,7 +316,7 @@ async def amain(args: argparse.Namespace) -> int:
         reps = {0: 3, 100: 3, 1000: 3} if quick else {0: 20, 100: 20, 1000: 15, 5000: 7}
         log("1. the full pause/resume cycle versus history length")
         pause = await _pause_part(
-            sizes, reps, stand_in=args.stand_in, profile_reps=10 if quick else 40
+            sizes, reps, stand_in=args.stand_in, profile_reps=10 if quick else 30
         )
         if pause.stand_in:
             not_run.append(NOT_RUN_STACK.format(why=pause.stand_in))
