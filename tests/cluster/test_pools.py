@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import redis
 from redis.asyncio import Redis
+from redis.crc import key_slot
 
+from agent_core.cluster_client import FailoverCluster
 from agent_core.connections import connect_redis
 from agent_core.testing import FakeOpenAI
 from tests import redis_cluster
@@ -80,3 +82,21 @@ async def test_one_connection_pool_per_node(
             assert client_connections(port) == connected, name
     finally:
         await node.close()
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["{agw:3:04mz}:run:r-1", "plain", "{}x", "a{b", "a}b{c}d", "x{y}{z}", "{é}:k", "{{a}}", ""],
+)
+async def test_the_remembered_slot_is_redis_own(key: str) -> None:
+    """The slot taken from a remembered hash tag is the one Redis computes, edge cases too."""
+    client = FailoverCluster(host="127.0.0.1", port=1)  # never connected
+    try:
+        for _ in range(2):  # computed, then remembered
+            assert client.keyslot(key) == key_slot(key.encode())
+            assert client._slot_of(("HGET", key, "f")) == key_slot(key.encode())
+            assert client._slot_of(("EVALSHA", "sha", 2, key, key, "arg")) == key_slot(key.encode())
+        assert client._slot_of(("EVALSHA", "sha", 0, "arg")) is None
+        assert client._slot_of(("PING",)) is None
+    finally:
+        await client.aclose()
