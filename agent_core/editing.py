@@ -235,7 +235,7 @@ def changes(gate: Gate) -> list[tuple[str, str, str]]:
 
 async def approve_edited(
     gateway: Gateway,
-    gate_id: str,
+    gate: str | Gate,
     by: str,
     args: Mapping[str, Any],
     reason: str | None = None,
@@ -248,15 +248,20 @@ async def approve_edited(
     :meth:`Gateway.decide` approves it (``args_hash``: the original arguments' hash the
     decider was shown). :class:`InvalidEdit` (nothing decided) when the edit is not valid;
     an edit of a gate already decided gets ``applied=False``. Edits equal to the original
-    are an ordinary approval."""
+    are an ordinary approval. ``gate``: its id, or the :class:`Gate` the caller has just read
+    (checked against the edit as it is, and deciding in one round trip, as
+    :meth:`Gateway.decide` does with a Gate)."""
     from .deciding import apply_decision
     from .gating import args_hash as hash_of
     from .models import Gate
 
-    raw = await gateway.redis.hgetall(gateway.keys.gate(gate_id)) if gate_id else {}
-    if not raw:
-        raise GateNotFound(f"no gate {gate_id[:40]!r}")
-    gate = Gate.from_hash(raw)
+    if isinstance(gate, str):
+        gate_id = gate
+        raw = await gateway.redis.hgetall(gateway.keys.gate(gate_id)) if gate_id else {}
+        if not raw:
+            raise GateNotFound(f"no gate {gate_id[:40]!r}")
+        gate = Gate.from_hash(raw)
+    gate_id = gate.gate_id
     edited = dict(args)
     problems = check_edit(gate, edited)
     if problems:

@@ -479,7 +479,7 @@ class Gateway:
 
     async def decide(
         self,
-        gate_id: str,
+        gate: str | Gate,
         decision: Decision | str,
         by: str,
         reason: str | None = None,
@@ -501,8 +501,10 @@ class Gateway:
         raised and nothing is decided. The gate records it as ``decided_hash``, and an
         approved call runs only if its arguments hash to it.
 
-        ``run_id``: the gate's run, when the caller has just read the gate (it saves a round
-        trip); the decision checks it, and a gate of another run is :class:`GateNotFound`.
+        ``gate``: the gate's id, or a :class:`Gate` read before (from :meth:`pending_gates`,
+        say), which names its run: the decision is then one round trip, as with ``run_id``
+        (the gate's run). The script checks the run is the gate's; a forged or stale one
+        decides nothing, and the gate's own run is then read and used (never another run's).
 
         A gate that needs several approvals (:mod:`agent_core.quorum`) records an approval
         that does not complete its quorum (``counted=True``, still pending); ``groups``: the
@@ -513,6 +515,7 @@ class Gateway:
         decision = Decision(decision)
         if not by:
             raise ValueError("by is required")
+        gate_id, run_id = (gate, run_id) if isinstance(gate, str) else (gate.gate_id, gate.run_id)
         return await self._apply(
             gate_id,
             decision.status.value,
@@ -544,7 +547,8 @@ class Gateway:
         if not by:
             raise ValueError("by is required")
         gate_id = await self._gate_of_call(run_id, call_id)
-        return await self._apply(gate_id, decision.status.value, by, reason, args_hash or "")
+        status = decision.status.value
+        return await self._apply(gate_id, status, by, reason, args_hash or "", run_id=run_id)
 
     async def _gate_of_call(self, run_id: str, call_id: str) -> str:
         if not valid_run_id(run_id, self.keys):
@@ -570,7 +574,7 @@ class Gateway:
 
     async def decide_many(
         self,
-        gate_ids: Iterable[str],
+        gates: Iterable[str | Gate],
         decision: Decision | str,
         by: str,
         reason: str | None = None,
@@ -585,20 +589,25 @@ class Gateway:
         someone already decided is left as it is (``applied=False``, with their decision).
         A run resumes once, when its last pending gate is decided. :class:`GateNotFound`,
         before anything is decided, when a gate does not exist. ``groups`` and
-        ``allow_self_approval`` as for :meth:`decide`: ``by`` counts once per gate.
+        ``allow_self_approval`` as for :meth:`decide`: ``by`` counts once per gate. A
+        :class:`Gate` given names its run (as for :meth:`decide`): only the runs of gates
+        given by id are read first.
         """
         decision = Decision(decision)
         if not by:
             raise ValueError("by is required")
-        ids = list(gate_ids)
+        given = list(gates)
+        ids = [g if isinstance(g, str) else g.gate_id for g in given]
+        run_ids = [None if isinstance(g, str) else g.run_id for g in given]
         k = self.keys
         unknown = [g for g in ids if not valid_gate_id(g, k)]
-        run_ids: list[str | None] = []
-        if ids and not unknown:
+        asked = [i for i, r in enumerate(run_ids) if r is None]
+        if asked and not unknown:
             async with self.redis.pipeline(transaction=False) as pipe:
-                for g in ids:
-                    pipe.hget(k.gate(g), "run_id")
-                run_ids = await pipe.execute()
+                for i in asked:
+                    pipe.hget(k.gate(ids[i]), "run_id")
+                for i, r in zip(asked, await pipe.execute(), strict=True):
+                    run_ids[i] = r
             unknown = [g for g, r in zip(ids, run_ids, strict=True) if r is None]
         if unknown:
             shown = ", ".join(repr(g[:40]) for g in unknown[:5])

@@ -184,7 +184,7 @@ class Grants:
 
     async def approve_and_allow(
         self,
-        gate_id: str,
+        gate: str | Gate,
         by: str,
         *,
         args_hash: str,
@@ -199,11 +199,17 @@ class Grants:
         ``field``/``value``: an optional constraint (the call's own value of one simple
         argument). The grant lasts the tool's ``allow_for`` from now. Raises as
         :meth:`Gateway.decide` does (:class:`GateNotFound`, :class:`ArgsHashMismatch`) and
-        ValueError for an unusable constraint."""
+        ValueError for an unusable constraint. ``gate``: its id, or the :class:`Gate` the
+        caller has just read (not read again; a stale or forged run in it grants nothing,
+        and the gate is then read and granted as if given by id)."""
         gw = self.gw
-        gate = await gw.get_gate(gate_id)
-        if gate is None:
+        read = None if isinstance(gate, str) else gate
+        gate_id = gate if isinstance(gate, str) else gate.gate_id
+        if read is None:
+            read = await gw.get_gate(gate_id)
+        if read is None:
             raise GateNotFound(f"no gate {gate_id[:40]!r}")
+        given, gate = gate, read
         if not by:
             raise ValueError("by is required")
         why = constraint_ok(field, value, gate.args)
@@ -243,6 +249,18 @@ class Grants:
         )
         if gw.decision_replicas > 0:
             warn_unreplicated(gw, gate_id, res.outcome, reached)
+        if res.outcome is DecideOutcome.MISSING and not isinstance(given, str):
+            # Not the gate's run (nothing was written): read the gate itself, once.
+            return await self.approve_and_allow(
+                gate_id,
+                by,
+                args_hash=args_hash,
+                field=field,
+                value=value,
+                reason=reason,
+                allow_self_approval=allow_self_approval,
+                team=team,
+            )
         if res.outcome is DecideOutcome.MISSING:
             raise GateNotFound(f"no gate {gate_id!r}")
         if res.outcome is DecideOutcome.MISMATCH:

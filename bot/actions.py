@@ -483,7 +483,7 @@ class GateActions:
         respond: Any,
         outcome: Outcome,
     ) -> None:
-        pending = [g.gate_id for g in gates if g.status is GateStatus.PENDING]
+        pending = [g for g in gates if g.status is GateStatus.PENDING]  # each names its run
         tell = self._tell
         approvers = self.ctx.approvers
         groups: set[str] = set()

@@ -387,7 +387,7 @@ class EditActions:
         try:
             result = await approve_edited(
                 gateway,
-                gate_id,
+                gate,  # as just read and checked: its run is known
                 user_id,
                 args,
                 args_hash=clicked_hash,

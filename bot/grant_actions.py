@@ -144,7 +144,7 @@ class GrantActions:
             return
         try:
             res = await self.ctx.gateway.grants.approve_and_allow(
-                gate_id,
+                gate,  # as just read: its run is known
                 user_id,
                 args_hash=clicked_hash,
                 field=field,

@@ -51,7 +51,7 @@ class GatewayLike(Protocol):
 
     async def decide(
         self,
-        gate_id: str,
+        gate: str | Gate,
         decision: Decision,
         by: str,
         reason: str | None = ...,
@@ -64,7 +64,7 @@ class GatewayLike(Protocol):
 
     async def decide_many(
         self,
-        gate_ids: Iterable[str],
+        gates: Iterable[str | Gate],
         decision: Decision,
         by: str,
         reason: str | None = ...,

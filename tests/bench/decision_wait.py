@@ -25,7 +25,7 @@ async def measure(url: str, replicas: int, n: int = 300) -> list[float]:
         latencies = []
         for g in pool.gates:
             started = time.perf_counter()
-            res = await gw.decide(g.gate_id, "approve", by="U2")
+            res = await gw.decide(g.gate_id, "approve", by="U2", run_id=g.run_id)
             latencies.append((time.perf_counter() - started) * 1000)
             assert res.applied
         return sorted(latencies)

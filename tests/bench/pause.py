@@ -345,7 +345,7 @@ class Ours(Framework):
         s2, c2 = await self.probe.snapshot(), self.traffic()
         t2 = time.perf_counter()
         for gate in gates:
-            res = await self.gateway.decide(gate.gate_id, Decision.APPROVE, by="U-approver")
+            res = await self.gateway.decide(gate, Decision.APPROVE, by="U-approver")
             assert res.applied, res
         if second is None:
             t4 = await self._job_done()

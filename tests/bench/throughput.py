@@ -93,9 +93,10 @@ class Driver:
         # until the run is known, else the run would wait for an approval that never comes.
         early: dict[str, list[str]] = {}
 
-        def approve(gate_id: str) -> None:
+        def approve(gate_id: str, run_id: str) -> None:
+            # The event names the gate's run: the decision is one round trip.
             task = asyncio.create_task(
-                self.gateway.decide(gate_id, Decision.APPROVE, by="U-approver")
+                self.gateway.decide(gate_id, Decision.APPROVE, by="U-approver", run_id=run_id)
             )
             self._decisions.add(task)
             task.add_done_callback(self._decisions.discard)
@@ -111,7 +112,7 @@ class Driver:
                     started[run.run_id] = time.perf_counter()
                     n_started += 1
                     for gate_id in early.pop(run.run_id, []):
-                        approve(gate_id)
+                        approve(gate_id, run.run_id)
             finally:
                 starting_done.set()
 
@@ -164,7 +165,7 @@ class Driver:
                                 early.setdefault(run_id, []).append(gate_id)
                             continue
                         if kind == "gate.opened":
-                            approve(json.loads(fields["data"])["gate_id"])
+                            approve(json.loads(fields["data"])["gate_id"], run_id)
                         elif kind in ("run.completed", "run.failed"):
                             t_last = time.perf_counter()
                             if kind == "run.completed":

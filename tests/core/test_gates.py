@@ -131,22 +131,38 @@ async def test_expiring_a_gate_before_its_deadline_does_nothing(
     assert gate is not None and gate.status is GateStatus.PENDING
 
 
-async def test_a_decision_naming_another_run_decides_nothing(
+async def test_a_decision_naming_another_run_never_touches_it(
     harness: Harness, fake_openai: FakeOpenAI
 ) -> None:
+    """A forged or stale run id is refused by the script (nothing written anywhere); the
+    gate's own run is then read and the gate decided once, never the other run's gate."""
     fake_openai.script("whose", [call("delete_user", {"user_id": "1"}), reply("done")])
-    fake_openai.script("other", [call("delete_user", {"user_id": "2"})])
+    fake_openai.script("other", [call("delete_user", {"user_id": "2"}), reply("ok")])
     run = await harness.gateway.start_run("whose", requested_by="U1")
     other = await harness.gateway.start_run("other", requested_by="U1")
     [g] = await harness.opened_gates(run.run_id, 1)
-    gate_id = g.data["gate_id"]
-    for wrong in (other.run_id, "r-" + gate_id[:2] + "x" * 10, "not a run"):
-        with pytest.raises(GateNotFound):
-            await harness.gateway.decide(gate_id, "approve", by="U2", run_id=wrong)
-    gate = await harness.gateway.get_gate(gate_id)
-    assert gate is not None and gate.status is GateStatus.PENDING
-    res = await harness.gateway.decide(gate_id, "approve", by="U2", run_id=run.run_id)
+    [o] = await harness.opened_gates(other.run_id, 1)
+    gate_id, other_gate = g.data["gate_id"], o.data["gate_id"]
+    other_key = harness.keys.run(other.run_id)
+    assert await harness.redis.hget(other_key, "pending") == "1"
+    res = await harness.gateway.decide(gate_id, "approve", by="U2", run_id=other.run_id)
     assert res.applied and res.gate.status is GateStatus.APPROVED
+    assert res.gate.gate_id == gate_id and res.gate.run_id == run.run_id
+    assert await harness.redis.hget(other_key, "pending") == "1"
+    untouched = await harness.gateway.get_gate(other_gate)
+    assert untouched is not None and untouched.status is GateStatus.PENDING
+    # Malformed or of another shard: not even tried; decided already: told so.
+    for wrong in (other.run_id, "r-" + gate_id[:2] + "x" * 10, "not a run"):
+        again = await harness.gateway.decide(gate_id, "deny", by="U3", run_id=wrong)
+        assert not again.applied and again.gate.decided_by == "U2"
+    # A Gate object that names another run (stale, or forged): the same.
+    [pending] = await harness.gateway.pending_gates(other.run_id)
+    forged = pending.model_copy(update={"run_id": run.run_id})
+    res = await harness.gateway.decide(forged, "deny", by="U2", reason="no")
+    assert res.applied and res.gate.status is GateStatus.DENIED
+    assert res.gate.run_id == other.run_id
+    assert (await harness.wait_finished(run.run_id)).status is RunStatus.COMPLETED
+    assert (await harness.wait_finished(other.run_id)).status is RunStatus.COMPLETED
 
 
 @pytest.mark.parametrize(
