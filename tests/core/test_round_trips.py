@@ -60,6 +60,43 @@ async def _one_job(w: Worker, reader: StreamConsumer, log: list[str]) -> list[st
     return reads[-1:] + log
 
 
+class _Counted:
+    """A worker on a client that records each command (a script by its name)."""
+
+    def __init__(self, redis: Redis, redis_url: str, base_url: str) -> None:
+        self.settings = core_settings(redis_url, base_url)
+        self.keys = Keys(self.settings.key_prefix, self.settings.shards)
+        self.scripts = Scripts(redis, self.keys)
+        self.names = {
+            hashlib.sha1(self.scripts.source(n).encode()).hexdigest(): n
+            for n in script_names("agent_core")
+        }
+        self.log: list[str] = []
+        self.redis = create_redis(redis_url)
+        self.redis.connection_pool.connection_class = _recording(self.log, self.names)
+        self.client = AsyncOpenAI(api_key="sk-test", base_url=base_url, max_retries=0)
+        self.worker = Worker(self.redis, strict, self.client, self.settings)
+        [self.reader] = self.worker.readers
+        self.gateway = Gateway(redis, self.keys, agent_name=strict.name)
+
+    async def load_scripts(self, redis: Redis) -> None:
+        for n in script_names("agent_core"):  # loaded already: no NOSCRIPT round trip counted
+            await redis.script_load(self.scripts.source(n))
+
+    async def job(self) -> list[str]:
+        return await _one_job(self.worker, self.reader, self.log)
+
+    async def approve_all(self, redis: Redis, run_id: str) -> None:
+        for gid in sorted(await redis.smembers(self.keys.run_gates(run_id))):
+            assert (await self.gateway.decide(gid, "approve", by="U2")).applied
+
+    async def close(self) -> None:
+        for r in self.worker.runners.values():
+            await r.endpoint.aclose()
+        await self.client.close()
+        await self.redis.aclose()
+
+
 async def test_a_pause_takes_3_round_trips_and_a_resume_4_on_the_worker(
     redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
 ) -> None:
@@ -70,32 +107,19 @@ async def test_a_pause_takes_3_round_trips_and_a_resume_4_on_the_worker(
             reply("Done."),
         ],
     )
-    settings = core_settings(redis_url, fake_openai.base_url)
-    keys = Keys(settings.key_prefix, settings.shards)
-    scripts = Scripts(redis, keys)
-    names = {
-        hashlib.sha1(scripts.source(n).encode()).hexdigest(): n for n in script_names("agent_core")
-    }
-    for n in script_names("agent_core"):  # loaded already: no NOSCRIPT round trip counted
-        await redis.script_load(scripts.source(n))
-    log: list[str] = []
-    worker_redis = create_redis(redis_url)
-    worker_redis.connection_pool.connection_class = _recording(log, names)
-    client = AsyncOpenAI(api_key="sk-test", base_url=settings.openai_base_url, max_retries=0)
-    w = Worker(worker_redis, strict, client, settings)
+    w = _Counted(redis, redis_url, fake_openai.base_url)
+    await w.load_scripts(redis)
+    keys, gw = w.keys, w.gateway
     try:
-        [reader] = w.readers
-        gw = Gateway(redis, keys, agent_name=strict.name)
         run = await gw.start_run("two deletes", requested_by="U1")
 
-        pause = await _one_job(w, reader, log)
+        pause = await w.job()
         assert pause == ["XREADGROUP", "acquire_lease", "record_turn"], pause
         got = await gw.get_run(run.run_id)
         assert got is not None and got.status is RunStatus.AWAITING_APPROVAL
-        for gid in sorted(await redis.smembers(keys.run_gates(run.run_id))):
-            assert (await gw.decide(gid, "approve", by="U2")).applied
+        await w.approve_all(redis, run.run_id)
 
-        resume = await _one_job(w, reader, log)
+        resume = await w.job()
         assert resume == ["XREADGROUP", "acquire_lease", "finish_turn", "record_turn"], resume
         done = await gw.get_run(run.run_id)
         assert done is not None and done.status is RunStatus.COMPLETED and done.final == "Done."
@@ -103,11 +127,39 @@ async def test_a_pause_takes_3_round_trips_and_a_resume_4_on_the_worker(
         told = tool_messages(fake_openai.requests_for("two deletes")[-1]["messages"])
         assert [m["content"].split("\n")[0] for m in told] == ["user 1 deleted", "user 2 deleted"]
         # Nothing left behind: the job acknowledged and deleted, the lease released.
-        jobs = keys.jobs(keys.shard_of(run.run_id))
-        assert await redis.xlen(jobs) == 0
+        assert await redis.xlen(keys.jobs(keys.shard_of(run.run_id))) == 0
         assert await redis.hget(keys.run(run.run_id), "lease_until") == "0"
     finally:
-        for r in w.runners.values():
-            await r.endpoint.aclose()
-        await client.close()
-        await worker_redis.aclose()
+        await w.close()
+
+
+async def test_a_mixed_turn_runs_its_ungated_call_first_then_pauses(
+    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """An ungated call and a gated one in a turn: the ungated call is claimed and completed
+    on its own before the gate opens (2 round trips), then OPEN_GATES and FINISH_JOB; the
+    resume takes the floor again."""
+    fake_openai.script(
+        "mixed",
+        [calls([("lookup", {"key": "a"}), ("delete_user", {"user_id": "3"})]), reply("Done.")],
+    )
+    w = _Counted(redis, redis_url, fake_openai.base_url)
+    await w.load_scripts(redis)
+    try:
+        run = await w.gateway.start_run("mixed", requested_by="U1")
+        pause = await w.job()
+        assert pause == [
+            "XREADGROUP",
+            "acquire_lease",
+            "record_turn",
+            "claim_call",
+            "complete_call",
+            "open_gates",
+            "finish_job",
+        ], pause
+        await w.approve_all(redis, run.run_id)
+        resume = await w.job()
+        assert resume == ["XREADGROUP", "acquire_lease", "finish_turn", "record_turn"], resume
+        assert read_journal(str(journal)) == ["lookup:a", "delete_user:3"]
+    finally:
+        await w.close()
