@@ -220,12 +220,12 @@ class Runner:
         while run is not None and run.get("status") == "running":
             phase, turn = run.get("phase"), int(run.get("turn") or 0)
             if phase == "model":
-                recorded: list[dict[str, str]] = []
+                recorded: list[tuple[dict[str, str], dict[str, dict[str, str]] | None]] = []
                 run = await self._model_turn(
                     run, turn, fence, lost, read.pop() if read else None, job, recorded
                 )
-                if recorded:  # the turn hash as just written: not read back
-                    turn_hash, gates, claimed = recorded[0], None, frozenset()
+                if recorded:  # the turn (and its gates) as just written: not read back
+                    (turn_hash, gates), claimed = recorded[0], frozenset()
                     continue
             elif phase == "tools":
                 run = await self._tools_turn(run, turn, fence, read, turn_hash, gates, claimed)
@@ -266,10 +266,11 @@ class Runner:
         lost: asyncio.Event | None = None,
         read: ModelRead | None = None,
         job: JobRef | None = None,
-        recorded: list[dict[str, str]] | None = None,
+        recorded: list[tuple[dict[str, str], dict[str, dict[str, str]] | None]] | None = None,
     ) -> dict[str, str] | None:
-        """One model turn, recorded. ``recorded`` receives the new turn's hash when no gate
-        of it was opened with it (the tools phase then runs from it, no read back)."""
+        """One model turn, recorded. ``recorded`` receives the new turn's hash (and its
+        gates' when rules decided them all) when its calls run next: the tools phase runs
+        from them, no read back."""
         run_id = run["run_id"]
         k = self.keys
         # Counted from the run's latest continuation (Gateway.continue_run).
@@ -364,8 +365,11 @@ class Runner:
             await plan.count(self.scripts, after.gates)
         if job is not None and after.finished:
             job.finished = True
-        if recorded is not None and calls and plan is None and after.run is not None:
-            recorded.append(dict(zip(fields[::2], fields[1::2], strict=True)))
+        if recorded is not None and calls and after.run is not None:
+            if plan is None:
+                recorded.append((dict(zip(fields[::2], fields[1::2], strict=True)), None))
+            elif after.turn is not None:  # decided by rules or grants: the calls run now
+                recorded.append((after.turn, after.gate_hashes))
         return after.run
 
     def request_body(self, history: list[str]) -> bytes:

@@ -99,13 +99,17 @@ class Step:
     else the run hash as the step left it (None when the run is no longer at that step:
     cancelled, or a replay), and with FINISH_TURN's read what the next model call reads.
     RECORD_TURN's also says what became of the gates it opened (``gates``, None when it
-    was given none) and whether it finished the job (``finished``: acked, lease released)."""
+    was given none) and whether it finished the job (``finished``: acked, lease released);
+    when rules or grants decided every gate, the turn's hash and its gates' (``turn``,
+    ``gate_hashes``)."""
 
     lost: bool = False
     run: dict[str, str] | None = None
     read: ModelRead | None = None
     gates: OpenOutcome | None = None
     finished: bool = False
+    turn: dict[str, str] | None = None  # RECORD_TURN's, when rules decided every gate
+    gate_hashes: dict[str, dict[str, str]] | None = None  # and its gates', by gate id
 
 
 class DecideOutcome(str, Enum):

@@ -86,7 +86,17 @@ def _step(reply: Any) -> Step:
         return Step(run=pairs(reply[2 : 2 + n]), read=ModelRead.of(reply[2 + n :]))
     if reply[:1] == ["recorded"]:
         opened = OpenOutcome(text(reply[1])) if reply[1] else None
-        return Step(run=pairs(reply[3]), gates=opened, finished=reply[2] == "1")
+        turn, gates = None, None
+        if len(reply) > 5:
+            turn = pairs(reply[4])
+            gates = {h["gate_id"]: h for h in map(pairs, reply[5]) if h.get("gate_id")}
+        return Step(
+            run=pairs(reply[3]),
+            gates=opened,
+            finished=reply[2] == "1",
+            turn=turn,
+            gate_hashes=gates,
+        )
     return Step(run=pairs(reply))
 
 

@@ -18,7 +18,9 @@
 --   to finish), the number of gates to open (0: none), then per gate OPEN_GATES's 5 values,
 --   then the turn hash's field/value pairs
 -- Returns: {'recorded', the gates' outcome (OPEN_GATES's reply, '' when none were given),
---   '1' when the job was finished else '0', the run hash (flat list)}; 0 when the run is no
+--   '1' when the job was finished else '0', the run hash (flat list), and when the gates'
+--   outcome is 'decided' (rules or grants decided every gate: the calls run next) the turn's
+--   hash and its gates' hashes (flat lists)}; 0 when the run is no
 --   longer running at that turn (cancelled, or a replay); 'lost' (a status reply) when the
 --   lease is not the caller's. A retry after this fence recorded that turn (the first reply
 --   lost, the lease perhaps released with the job) gets the same kind of reply again.
@@ -45,8 +47,15 @@ end
 local next_turn = tostring(tonumber(turn) + 1)
 local function reply(opened)
   local released = tonumber(redis.call('HGET', run_key, 'lease_until') or '0') <= 0
-  return {'recorded', opened, (job_id ~= '' and released) and '1' or '0',
+  local out = {'recorded', opened, (job_id ~= '' and released) and '1' or '0',
     redis.call('HGETALL', run_key)}
+  if opened == 'decided' then  -- what the calls need next: not read in a step of its own
+    out[5] = redis.call('HGETALL', turn_key)
+    local hashes = {}
+    for i = 19, #KEYS do hashes[#hashes + 1] = redis.call('HGETALL', KEYS[i]) end
+    out[6] = hashes
+  end
+  return out
 end
 local current = redis.call('HGET', run_key, 'fence') == fence
 if current and (step_done(run_key, fence, 'record:' .. turn)

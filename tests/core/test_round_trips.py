@@ -18,13 +18,13 @@ from openai import AsyncOpenAI
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 
-from agent_core import Gateway, Keys, RunStatus
+from agent_core import Agent, ApprovalRequest, Gateway, Keys, RunStatus, Verdict, approve, approver
 from agent_core.connections import create_redis
 from agent_core.scripts import Scripts
 from agent_core.streams import StreamConsumer
 from agent_core.testing import FakeOpenAI, calls, reply, tool_messages
 from agent_core.worker import Worker
-from tests.agents import read_journal, strict
+from tests.agents import delete_user, read_journal, strict
 from tests.core.conftest import core_settings
 from tests.core.test_script_files import script_names
 
@@ -63,7 +63,7 @@ async def _one_job(w: Worker, reader: StreamConsumer, log: list[str]) -> list[st
 class _Counted:
     """A worker on a client that records each command (a script by its name)."""
 
-    def __init__(self, redis: Redis, redis_url: str, base_url: str) -> None:
+    def __init__(self, redis: Redis, redis_url: str, base_url: str, agent: Agent = strict) -> None:
         self.settings = core_settings(redis_url, base_url)
         self.keys = Keys(self.settings.key_prefix, self.settings.shards)
         self.scripts = Scripts(redis, self.keys)
@@ -75,9 +75,9 @@ class _Counted:
         self.redis = create_redis(redis_url)
         self.redis.connection_pool.connection_class = _recording(self.log, self.names)
         self.client = AsyncOpenAI(api_key="sk-test", base_url=base_url, max_retries=0)
-        self.worker = Worker(self.redis, strict, self.client, self.settings)
+        self.worker = Worker(self.redis, agent, self.client, self.settings)
         [self.reader] = self.worker.readers
-        self.gateway = Gateway(redis, self.keys, agent_name=strict.name)
+        self.gateway = Gateway(redis, self.keys, agent_name=agent.name)
 
     async def load_scripts(self, redis: Redis) -> None:
         for n in script_names("agent_core"):  # loaded already: no NOSCRIPT round trip counted
@@ -161,5 +161,47 @@ async def test_a_mixed_turn_runs_its_ungated_call_first_then_pauses(
         resume = await w.job()
         assert resume == ["XREADGROUP", "acquire_lease", "finish_turn", "record_turn"], resume
         assert read_journal(str(journal)) == ["lookup:a", "delete_user:3"]
+    finally:
+        await w.close()
+
+
+@approver(name="yes")
+def _yes(call: ApprovalRequest) -> Verdict:
+    return approve("fine")
+
+
+ruled = Agent(name="ruled", instructions="Test.", tools=[delete_user], approvers=[_yes])
+
+
+async def test_gates_a_rule_decides_are_not_read_back(
+    redis: Redis, redis_url: str, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """A rule approves both calls as their gates open (in RECORD_TURN, which hands the turn
+    and its gates back): no pause, each call claimed and completed on its own."""
+    fake_openai.script(
+        "ruled",
+        [
+            calls([("delete_user", {"user_id": "1"}), ("delete_user", {"user_id": "2"})]),
+            reply("Done."),
+        ],
+    )
+    w = _Counted(redis, redis_url, fake_openai.base_url, ruled)
+    await w.load_scripts(redis)
+    try:
+        run = await w.gateway.start_run("ruled", requested_by="U1")
+        whole = await w.job()
+        per_call = ["claim_call", "complete_call"]
+        assert whole == [
+            "XREADGROUP",
+            "acquire_lease",
+            "record_turn",
+            *per_call,
+            *per_call,
+            "finish_turn",
+            "record_turn",
+        ], whole
+        done = await w.gateway.get_run(run.run_id)
+        assert done is not None and done.status is RunStatus.COMPLETED
+        assert read_journal(str(journal)) == ["delete_user:1", "delete_user:2"]
     finally:
         await w.close()
