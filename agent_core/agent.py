@@ -91,6 +91,11 @@ class Agent:
     approval_channel: str = ""
     """The channel (ID) its cards are posted in, with one line in the task's thread; a
     tool's own ``approval_channel`` wins. Empty: the task's thread."""
+    parallel_tool_calls: bool = True
+    """Run the approved calls of one model turn together, as the OpenAI API's parallel tool
+    calls are meant (and as the Agents SDK and LangGraph's ToolNode run them): a resume
+    claims them in one step with the lease and starts them at once. ``False`` runs them one
+    at a time in call order, each claimed just before it starts (a round trip per call)."""
     _by_name: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _own: dict[str, Tool] = field(init=False, repr=False, default_factory=dict)
     _version: tuple[int, ...] = field(init=False, repr=False, default=())

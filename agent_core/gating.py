@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import editing
@@ -35,6 +36,26 @@ def args_hash(args: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+@dataclass
+class GatePlan:
+    """A turn's gates, ready for OPEN_GATES (or RECORD_TURN, which opens them as it records
+    the turn): the thread's top run (whose grants may decide a gate), how many the approver
+    rules decided and the gates a grant may approve as they open (for the metrics)."""
+
+    gates: list[GateToOpen]
+    top_run: str
+    by_rule: int = 0
+    grantable: list[str] = field(default_factory=list)
+
+    async def count(self, scripts: Scripts, res: OpenOutcome | None) -> None:
+        """The metrics of gates opened (``res``: the script's answer)."""
+        if res in (OpenOutcome.OK, OpenOutcome.DECIDED):
+            from . import metrics  # on first use: `import agent_core` loads no prometheus_client
+
+            metrics.GATES_OPENED.inc(len(self.gates) - self.by_rule)
+            await metrics.count_granted(scripts.redis, scripts.keys, self.grantable)
+
+
 async def open_gates(
     scripts: Scripts,
     agent: Agent,
@@ -49,11 +70,37 @@ async def open_gates(
     routes: Mapping[str, ApprovalRoute] | None = None,
 ) -> OpenOutcome:
     """Open one gate per call; the script's answer (``ok``: the run paused, ``decided``: the
-    rules decided every call, ``lost``, ``stopped``, ``stale``). ``indexes``: each call's
-    position among the turn's calls (default: its position in ``calls``), by which gates
-    are listed in call order. ``nudges``: the settings' reminder and escalation, for calls
-    whose tool and agent set none. ``routes``: APPROVAL_ROUTES (see :mod:`agent_core.routes`),
-    whose result each gate records: who may decide it and where its card goes."""
+    rules decided every call, ``lost``, ``stopped``, ``stale``). See :func:`plan_gates`."""
+    plan = await plan_gates(
+        scripts, agent, run, turn, calls, indexes, timeout=timeout, nudges=nudges, routes=routes
+    )
+    res = await scripts.open_gates(run["run_id"], turn, fence, plan.gates, top_run=plan.top_run)
+    await plan.count(scripts, res)
+    if res is OpenOutcome.STALE:
+        log.warning(
+            "run %s: turn %s changed under this worker; gates not reopened", run["run_id"], turn
+        )
+    return res
+
+
+async def plan_gates(
+    scripts: Scripts,
+    agent: Agent,
+    run: dict[str, str],
+    turn: int,
+    calls: list[dict[str, Any]],
+    indexes: list[int] | None = None,
+    *,
+    timeout: float,
+    nudges: Nudges = Nudges(),
+    routes: Mapping[str, ApprovalRoute] | None = None,
+) -> GatePlan:
+    """One gate per call of turn ``turn``, the approver rules consulted. ``indexes``: each
+    call's position among the turn's calls (default: its position in ``calls``), by which
+    gates are listed in call order. ``nudges``: the settings' reminder and escalation, for
+    calls whose tool and agent set none. ``routes``: APPROVAL_ROUTES (see
+    :mod:`agent_core.routes`), whose result each gate records: who may decide it and where
+    its card goes."""
     run_id = run["run_id"]
     origin = json.loads(run.get("origin") or "{}")
     # Whoever spoke to the agent is a requester: everyone whose message the model had read
@@ -180,12 +227,4 @@ async def open_gates(
             GateToOpen(gid, str(timeout), json.dumps(fields), json.dumps(event)[:-1], decided)
         )
     top = await thread_of(scripts.redis, scripts.keys, run)  # its grants may decide a gate
-    res = await scripts.open_gates(run_id, turn, fence, gates, top_run=top)
-    if res in (OpenOutcome.OK, OpenOutcome.DECIDED):
-        from . import metrics  # on first use: `import agent_core` loads no prometheus_client
-
-        metrics.GATES_OPENED.inc(len(calls) - by_rule)
-        await metrics.count_granted(scripts.redis, scripts.keys, grantable)
-    if res is OpenOutcome.STALE:
-        log.warning("run %s: turn %s changed under this worker; gates not reopened", run_id, turn)
-    return res
+    return GatePlan(gates, top, by_rule, grantable)

@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import openai
@@ -41,6 +42,7 @@ from .quorum import approvers_told
 from .routes import ApprovalRoute
 from .script_replies import (
     Began,
+    CallResult,
     Claim,
     ClaimOutcome,
     CompleteOutcome,
@@ -66,6 +68,21 @@ def _now() -> str:
 
 # What _execute returns for a call that started a child run: its result comes later.
 SPAWNED = "\x00spawned"
+
+
+@dataclass
+class JobRef:
+    """The job a worker advances a run for: the step that pauses or finishes the run
+    finishes it too (acked, lease released: RECORD_TURN), and says so in ``finished``."""
+
+    stream: str
+    group: str
+    message_id: str
+    finished: bool = False
+
+    @property
+    def fields(self) -> tuple[str, str, str]:
+        return self.stream, self.group, self.message_id
 
 
 class Runner:
@@ -145,6 +162,7 @@ class Runner:
         fence: str,
         lost: asyncio.Event | None = None,
         began: Began | None = None,
+        job: JobRef | None = None,
     ) -> None:
         """Take the run as far as it goes without a human; return when paused or finished.
 
@@ -177,7 +195,7 @@ class Runner:
                 fence,
             )
             return
-        await runner.drive(run, fence, lost, turn_hash)
+        await runner.drive(run, fence, lost, turn_hash, began=began, job=job)
 
     async def drive(
         self,
@@ -185,21 +203,35 @@ class Runner:
         fence: str,
         lost: asyncio.Event | None = None,
         turn_hash: dict[str, str] | None = None,
+        *,
+        began: Began | None = None,
+        job: JobRef | None = None,
     ) -> None:
         """Advance a run this worker has begun (see :meth:`advance`) until it pauses.
-        ``turn_hash``: the run's current turn, read with the lease (a resume job's turn)."""
+        ``turn_hash``: the run's current turn, read with the lease (a resume job's turn);
+        ``began``: what ACQUIRE_LEASE read with it (the history for a model turn, the
+        turn's gates and the calls it claimed); ``job``: finished by the step that pauses
+        or finishes the run, when that is a model turn's record."""
         # Each step's script hands back the run as it left it: no re-read between steps. A
         # turn's last step also hands over what the next model call reads (``read``).
-        read: list[ModelRead] = []
+        read: list[ModelRead] = [began.read] if began is not None and began.read else []
+        gates = began.gates if began is not None else None
+        claimed = began.claimed if began is not None else frozenset()
         while run is not None and run.get("status") == "running":
             phase, turn = run.get("phase"), int(run.get("turn") or 0)
             if phase == "model":
-                run = await self._model_turn(run, turn, fence, lost, read.pop() if read else None)
+                recorded: list[tuple[dict[str, str], dict[str, dict[str, str]] | None]] = []
+                run = await self._model_turn(
+                    run, turn, fence, lost, read.pop() if read else None, job, recorded
+                )
+                if recorded:  # the turn (and its gates) as just written: not read back
+                    (turn_hash, gates), claimed = recorded[0], frozenset()
+                    continue
             elif phase == "tools":
-                run = await self._tools_turn(run, turn, fence, read, turn_hash)
+                run = await self._tools_turn(run, turn, fence, read, turn_hash, gates, claimed)
             else:
                 return
-            turn_hash = None  # read for the first step only
+            turn_hash, gates, claimed = None, None, frozenset()  # read for the first step only
 
     async def _orphaned(self, run: dict[str, str], fence: str) -> bool:
         """A child run whose parent finished (cancelled, failed) while the cascade did not
@@ -233,7 +265,12 @@ class Runner:
         fence: str,
         lost: asyncio.Event | None = None,
         read: ModelRead | None = None,
+        job: JobRef | None = None,
+        recorded: list[tuple[dict[str, str], dict[str, dict[str, str]] | None]] | None = None,
     ) -> dict[str, str] | None:
+        """One model turn, recorded. ``recorded`` receives the new turn's hash (and its
+        gates' when rules decided them all) when its calls run next: the tools phase runs
+        from them, no read back."""
         run_id = run["run_id"]
         k = self.keys
         # Counted from the run's latest continuation (Gateway.continue_run).
@@ -277,8 +314,24 @@ class Runner:
         calls = completion.tool_calls
         wire: list[dict[str, Any]] = []
         fields: list[str] = []
+        plan: gating.GatePlan | None = None
         if calls:
-            wire, fields = self._plan_calls(turn + 1, calls, k.shard_of(run_id))
+            wire, fields, planned = self._plan_calls(turn + 1, calls, k.shard_of(run_id))
+            states = {state for _, _, state in planned}
+            if "needs_gate" in states and states <= {"needs_gate", "done"}:
+                # Nothing runs before the gates: they open as the turn is recorded.
+                gated = [(i, c) for i, c, state in planned if state == "needs_gate"]
+                plan = await gating.plan_gates(
+                    self.scripts,
+                    self.agent,
+                    run,
+                    turn + 1,
+                    [c for _, c in gated],
+                    [i for i, _ in gated],
+                    timeout=self.approval_timeout,
+                    nudges=self.nudges,
+                    routes=self.approval_routes,
+                )
         # Stored with the provider's own fields, which go back in every later request.
         assistant = turns.assistant_message(completion, raw, wire)
         final, truncated = turns.final_text(completion)
@@ -302,9 +355,21 @@ class Runner:
             completed=completed,
             now=_now(),
             fields=fields,
+            gates=plan.gates if plan else (),
+            top_run=plan.top_run if plan else None,
+            job=job.fields if job else None,
         )
         if after.lost:
             raise LeaseLost(run_id)
+        if plan is not None:
+            await plan.count(self.scripts, after.gates)
+        if job is not None and after.finished:
+            job.finished = True
+        if recorded is not None and calls and after.run is not None:
+            if plan is None:
+                recorded.append((dict(zip(fields[::2], fields[1::2], strict=True)), None))
+            elif after.turn is not None:  # decided by rules or grants: the calls run now
+                recorded.append((after.turn, after.gate_hashes))
         return after.run
 
     def request_body(self, history: list[str]) -> bytes:
@@ -324,11 +389,13 @@ class Runner:
 
     def _plan_calls(
         self, turn: int, calls: list[ToolCall], shard: int
-    ) -> tuple[list[dict[str, Any]], list[str]]:
+    ) -> tuple[list[dict[str, Any]], list[str], list[tuple[int, dict[str, Any], str]]]:
         """Validate each call and decide whether it needs a gate (its gate id in the run's
-        ``shard``); the turn hash's fields."""
+        ``shard``); the calls as sent back, the turn hash's fields, and each call's index,
+        record (as it will be read back) and state."""
         wire: list[dict[str, Any]] = []
         fields: list[str] = []
+        planned: list[tuple[int, dict[str, Any], str]] = []
         order: list[str] = []
         taken = {c.id for c in calls if c.id}
         seen: set[str] = set()
@@ -373,11 +440,16 @@ class Runner:
                     if self.agent.requires_approval(t, args):
                         state = "needs_gate"
                         record["gate_id"] = self.keys.new_gate_id(shard)
-            fields += [f"call:{cid}", json.dumps(record), f"state:{cid}", state]
+                        # What a batch claim checks the approved hash against (Lua has
+                        # no SHA-256): the hash of the arguments the gate shows.
+                        record["args_hash"] = args_hash(args)
+            stored = json.dumps(record)
+            planned.append((len(order) - 1, json.loads(stored), state))
+            fields += [f"call:{cid}", stored, f"state:{cid}", state]
             if result is not None:
                 fields += [f"result:{cid}", result]
         fields += ["order", json.dumps(order)]
-        return wire, fields
+        return wire, fields, planned
 
     # --- phase: tools -----------------------------------------------------------------
     async def _tools_turn(
@@ -387,16 +459,32 @@ class Runner:
         fence: str,
         read: list[ModelRead] | None = None,
         th: dict[str, str] | None = None,
+        gates: dict[str, dict[str, str]] | None = None,
+        claimed: frozenset[str] = frozenset(),
     ) -> dict[str, str] | None:
+        """``th``, ``gates`` and ``claimed``: the turn's hash, its gates' hashes (by id) and
+        the calls claimed for this worker in one batch, when ACQUIRE_LEASE read them."""
         run_id = run["run_id"]
         k = self.keys
         if th is None:
             th = await self.redis.hgetall(k.turn(run_id, turn))
         order: list[str] = json.loads(th.get("order") or "[]")
         results: dict[str, str] = {}
+        # The batch's results, recorded by FINISH_TURN (or one by one if the turn waits).
+        done: list[CallResult] = []
+        if claimed:
+            batch = [(c, json.loads(th[f"call:{c}"])) for c in order if c in claimed]
+            ran = await self._run_batch(run, turn, batch, gates or {}, fence)
+            for cid, told, result in ran:
+                results[cid] = told
+                if result is not None:
+                    done.append(result)
         to_gate: list[tuple[int, dict[str, Any]]] = []
         waiting = False  # for a child run (a sub-agent) to answer
+        stopped = False
         for index, cid in enumerate(order):
+            if cid in results:
+                continue
             call = json.loads(th[f"call:{cid}"])
             state = th.get(f"state:{cid}")
             t = self.agent.get_tool(call["name"])
@@ -419,24 +507,30 @@ class Runner:
                 gate_id = call.get("gate_id")
                 approval, note, problem = None, "", None
                 if gate_id:  # an edited approval runs its edited arguments, never the original
-                    call, approval, note, problem = await self._approval(gate_id, call, t)
+                    call, approval, note, problem = await self._approval(gate_id, call, t, gates)
                 if problem is not None:  # approved, and not run: audited as such
                     out = await self._settle(run, turn, call, problem, fence, gate_id)
                 else:
                     out = await self._execute(run, turn, call, t, gate_id, fence, approval, note)
             elif state == "gated":
-                gated = await self._apply_gate(run, turn, call, t, fence)
+                gated = await self._apply_gate(run, turn, call, t, fence, gates)
                 if gated is None:
-                    return None  # still pending: the resume job comes with the decision
+                    stopped = True  # still pending: the resume job comes with the decision
+                    break
                 out = gated
             else:
                 out = None
             if out is None:
-                return None  # the run stopped (cancelled): nothing more starts
+                stopped = True  # the run stopped (cancelled): nothing more starts
+                break
             if out is SPAWNED:
                 waiting = True
                 continue
             results[cid] = out
+        if done and (stopped or to_gate or waiting):
+            await self._complete_each(run_id, turn, fence, done)
+        if stopped:
+            return None
         if to_gate:
             opened = await self._open_gates(
                 run, turn, [c for _, c in to_gate], fence, [i for i, _ in to_gate]
@@ -463,17 +557,92 @@ class Runner:
             fence,
             _now(),
             [json.dumps({"role": "tool", "tool_call_id": c, "content": results[c]}) for c in order],
+            results=done,
         )
         if after.lost:
+            for r in done:
+                log.warning(
+                    "run %s: result of %s discarded: this worker lost the run's lease while "
+                    "the call ran (the new owner reports it in doubt); outcome=%s",
+                    run_id,
+                    json.loads(th[f"call:{r.call_id}"])["name"],
+                    r.outcome,
+                )
             raise LeaseLost(run_id)
         if after.read is not None and read is not None:
             read.append(after.read)
         return after.run
 
+    async def _run_batch(
+        self,
+        run: dict[str, str],
+        turn: int,
+        batch: list[tuple[str, dict[str, Any]]],
+        gates: dict[str, dict[str, str]],
+        fence: str,
+    ) -> list[tuple[str, str, CallResult | None]]:
+        """Run the calls ACQUIRE_LEASE claimed as one batch, together (a turn's tool calls
+        are parallel calls, as the OpenAI API, the Agents SDK and LangGraph's ToolNode
+        treat them): each call's id, what the model reads and its result to record (None
+        when it was settled here, not run: a check failed after the claim)."""
+        out: list[tuple[str, str, CallResult | None]] = []
+        starts: list[tuple[str, Any]] = []
+        for cid, call in batch:
+            t = self.agent.get_tool(call["name"])
+            h = gates.get(call.get("gate_id") or "")
+            gate = Gate.from_hash(h) if h else None
+            problem = None
+            if t is None:
+                problem = messages.unknown_tool(call["name"], [])
+            elif isinstance(t, AgentTool):  # never claimed so (the batch rule names them)
+                problem = messages.sub_agent_lost(t.name)
+            elif gate is None or (gate.decided_hash or gate.args_hash) != args_hash(call["args"]):
+                problem = messages.args_changed(t.name)  # the script checked it: never
+            if problem is not None or t is None or gate is None:
+                # Settled as not run, before any call of the batch starts.
+                told = await self._settle(run, turn, call, problem or "", fence, call["gate_id"])
+                if told is None:
+                    return []  # the run stopped: nothing starts
+                out.append((cid, told, None))
+                continue
+            approval = approvers_told(gate.decided_by, gate.reason, gate.approvals)
+            starts.append((cid, self._run_claimed(run, call, t, gate.gate_id, approval)))
+        ran = await asyncio.gather(*(start for _, start in starts))
+        for (cid, _), (told, result) in zip(starts, ran, strict=True):
+            out.append((cid, told, result))
+        return out
+
+    async def _complete_each(
+        self, run_id: str, turn: int, fence: str, done: list[CallResult]
+    ) -> None:
+        """COMPLETE_CALL for each result of a batch whose turn does not finish now."""
+        for r in done:
+            res = await self.scripts.complete_call(
+                run_id,
+                turn,
+                fence,
+                r.call_id,
+                r.result,
+                r.event,
+                gate_id=r.gate_id,
+                outcome=r.outcome,
+            )
+            if res is CompleteOutcome.LOST:
+                raise LeaseLost(run_id)
+
     async def _apply_gate(
-        self, run: dict[str, str], turn: int, call: dict[str, Any], t: Tool, fence: str
+        self,
+        run: dict[str, str],
+        turn: int,
+        call: dict[str, Any],
+        t: Tool,
+        fence: str,
+        gates: dict[str, dict[str, str]] | None = None,
     ) -> str | None:
-        h = await self.redis.hgetall(self.keys.gate(call["gate_id"]))
+        gid = call["gate_id"]
+        h = gates[gid] if gates and gid in gates else None
+        if h is None:
+            h = await self.redis.hgetall(self.keys.gate(gid))
         gate = Gate.from_hash(h)
         if gate.status is GateStatus.PENDING:
             return None
@@ -498,11 +667,17 @@ class Runner:
         return await self._settle(run, turn, call, text, fence)
 
     async def _approval(
-        self, gate_id: str, call: dict[str, Any], t: Tool
+        self,
+        gate_id: str,
+        call: dict[str, Any],
+        t: Tool,
+        gates: dict[str, dict[str, str]] | None = None,
     ) -> tuple[dict[str, Any], list[tuple[str, str | None]] | None, str, str | None]:
         """For a claimed call: the call to run (its edited arguments, if any), who approved
         it and why (None unless approved), the edit's note and why it cannot run (or None)."""
-        h = await self.redis.hgetall(self.keys.gate(gate_id))
+        h = gates[gate_id] if gates and gate_id in gates else None
+        if h is None:
+            h = await self.redis.hgetall(self.keys.gate(gate_id))
         if h.get("status") != GateStatus.APPROVED.value:
             return call, None, "", None
         gate = Gate.from_hash(h)
@@ -563,21 +738,54 @@ class Runner:
             log.info("run %s: the claim of %s was applied, its reply lost", run_id, t.name)
             claim = Claim(ClaimOutcome.OK, "")
         previous = claim.state
-        in_doubt = False
-        if claim.outcome is ClaimOutcome.OK:
-            if previous == "claimed":
-                log.warning("run %s: re-running idempotent %s left in doubt", run_id, t.name)
+        if claim.outcome is not ClaimOutcome.OK and previous != "claimed":
+            return str(await self.redis.hget(tkey, f"result:{cid}") or "")
+        if claim.outcome is ClaimOutcome.OK and previous == "claimed":
+            log.warning("run %s: re-running idempotent %s left in doubt", run_id, t.name)
+        # Not OK and claimed before: a worker claimed this call and stopped before
+        # reporting: never run it again (in doubt).
+        told, r = await self._run_claimed(
+            run, call, t, gate_id, approval, note, in_doubt=claim.outcome is not ClaimOutcome.OK
+        )
+        res = await self.scripts.complete_call(
+            run_id, turn, fence, cid, told, r.event, gate_id=gate_id, outcome=r.outcome
+        )
+        if res is CompleteOutcome.LOST:
+            log.warning(
+                "run %s: result of %s discarded: this worker lost the run's lease while the "
+                "call ran (the new owner reports it in doubt); outcome=%s",
+                run_id,
+                t.name,
+                r.outcome,
+            )
+            raise LeaseLost(run_id)
+        if res is not CompleteOutcome.OK:
+            return str(await self.redis.hget(tkey, f"result:{cid}") or "")
+        return told
+
+    async def _run_claimed(
+        self,
+        run: dict[str, str],
+        call: dict[str, Any],
+        t: Tool,
+        gate_id: str | None,
+        approval: list[tuple[str, str | None]] | None = None,
+        note: str = "",
+        *,
+        in_doubt: bool = False,
+    ) -> tuple[str, CallResult]:
+        """Run a call claimed for this worker (or, ``in_doubt``, report one another worker
+        claimed and never finished): what the model reads, and the result to record."""
+        run_id, cid = run["run_id"], call["id"]
+        if in_doubt:
+            output, ok = messages.in_doubt(t.name), False
+        else:
             try:
                 output = await t.call(call["args"])
                 ok = True
             except Exception as exc:
                 log.info("run %s: tool %s raised %s", run_id, t.name, type(exc).__name__)
                 output, ok = messages.tool_raised(t.name, exc), False
-        elif previous == "claimed":
-            # A worker claimed this call and stopped before reporting: never run it again.
-            output, ok, in_doubt = messages.in_doubt(t.name), False, True
-        else:
-            return str(await self.redis.hget(tkey, f"result:{cid}") or "")
         output = clean_text(output)
         if len(output) > MAX_OUTPUT_CHARS:
             output = (
@@ -595,21 +803,7 @@ class Runner:
         }
         told = (messages.with_approval(output, approval) if approval else output) + note
         outcome = "in_doubt" if in_doubt else "executed" if ok else "failed"
-        res = await self.scripts.complete_call(
-            run_id, turn, fence, cid, told, json.dumps(event)[:-1], gate_id=gate_id, outcome=outcome
-        )
-        if res is CompleteOutcome.LOST:
-            log.warning(
-                "run %s: result of %s discarded: this worker lost the run's lease while the "
-                "call ran (the new owner reports it in doubt); ok=%s",
-                run_id,
-                t.name,
-                ok,
-            )
-            raise LeaseLost(run_id)
-        if res is not CompleteOutcome.OK:
-            return str(await self.redis.hget(tkey, f"result:{cid}") or "")
-        return told
+        return told, CallResult(cid, told, json.dumps(event)[:-1], gate_id, outcome)
 
     async def _claim_call(
         self, run_id: str, turn: int, fence: str, call_id: str, idempotent: bool, attempt: str

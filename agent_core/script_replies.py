@@ -24,17 +24,35 @@ class Began:
     """BEGIN_RUN's answer (also taken with the lease by ACQUIRE_LEASE). ``status`` is the
     run's status after the call, '' when the run does not exist, 'lost' when the lease is
     no longer the caller's; ``run`` the run hash (None when the run stays paused, its gates
-    pending); ``turn`` the hash of the turn a resume job resumes, when read with the lease."""
+    pending). Read with the lease by ACQUIRE_LEASE: ``turn``, the hash of the turn a resume
+    job resumes, ``gates`` the hashes of the gates the job named (by gate id), ``claimed``
+    the calls claimed for this worker in one batch; ``read`` what the model call of a run
+    in phase ``model`` reads."""
 
     status: str
     run: dict[str, str] | None = None
     turn: dict[str, str] | None = None
+    gates: dict[str, dict[str, str]] | None = None
+    claimed: frozenset[str] = frozenset()
+    read: ModelRead | None = None
 
     @classmethod
     def of(cls, reply: list[Any]) -> Began:
-        run = pairs(reply[1]) if len(reply) > 1 else None
-        turn = pairs(reply[2]) if len(reply) > 2 and reply[2] else None
-        return cls(text(reply[0]), run, turn)
+        def at(i: int) -> Any:
+            return reply[i] if len(reply) > i else None
+
+        run = pairs(reply[1]) if at(1) else None
+        turn = pairs(reply[2]) if at(2) else None
+        gates = None
+        if at(3) is not None:
+            gates = {}
+            for flat in reply[3]:
+                h = pairs(flat)
+                if h.get("gate_id"):
+                    gates[h["gate_id"]] = h
+        claimed = frozenset(text(c) for c in at(4) or ())
+        read = ModelRead.of(reply[5]) if at(5) else None
+        return cls(text(reply[0]), run, turn, gates, claimed, read)
 
 
 class LeaseStatus(str, Enum):
@@ -54,6 +72,7 @@ class Lease:
     previous_owner: str = ""
     busy_for: float = 0.0
     began: Began | None = None
+    replicas: int = -1  # the replicas WAIT reached (-1: not waited for)
 
 
 @dataclass(frozen=True)
@@ -78,11 +97,19 @@ class ModelRead:
 class Step:
     """RECORD_TURN's and FINISH_TURN's answer: ``lost`` when the lease is not the caller's;
     else the run hash as the step left it (None when the run is no longer at that step:
-    cancelled, or a replay), and with FINISH_TURN's read what the next model call reads."""
+    cancelled, or a replay), and with FINISH_TURN's read what the next model call reads.
+    RECORD_TURN's also says what became of the gates it opened (``gates``, None when it
+    was given none) and whether it finished the job (``finished``: acked, lease released);
+    when rules or grants decided every gate, the turn's hash and its gates' (``turn``,
+    ``gate_hashes``)."""
 
     lost: bool = False
     run: dict[str, str] | None = None
     read: ModelRead | None = None
+    gates: OpenOutcome | None = None
+    finished: bool = False
+    turn: dict[str, str] | None = None  # RECORD_TURN's, when rules decided every gate
+    gate_hashes: dict[str, dict[str, str]] | None = None  # and its gates', by gate id
 
 
 class DecideOutcome(str, Enum):
@@ -148,6 +175,19 @@ class OpenOutcome(str, Enum):
     LOST = "lost"
     STOPPED = "stopped"
     STALE = "stale"
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """A claimed call's result for FINISH_TURN (COMPLETE_CALL's values): the text the model
+    reads, tool.executed's data JSON without its closing brace, and for a gated call its
+    gate and audit outcome (executed | failed | in_doubt)."""
+
+    call_id: str
+    result: str
+    event: str
+    gate_id: str | None = None
+    outcome: str = "executed"
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from .keys import Keys
 from .script_loader import ScriptSet
 from .script_replies import (
     Began,
+    CallResult,
     Cancelled,
     CancelOutcome,
     Claim,
@@ -83,6 +84,19 @@ def _step(reply: Any) -> Step:
     if reply[:1] == ["read"]:
         n = int(reply[1])
         return Step(run=pairs(reply[2 : 2 + n]), read=ModelRead.of(reply[2 + n :]))
+    if reply[:1] == ["recorded"]:
+        opened = OpenOutcome(text(reply[1])) if reply[1] else None
+        turn, gates = None, None
+        if len(reply) > 5:
+            turn = pairs(reply[4])
+            gates = {h["gate_id"]: h for h in map(pairs, reply[5]) if h.get("gate_id")}
+        return Step(
+            run=pairs(reply[3]),
+            gates=opened,
+            finished=reply[2] == "1",
+            turn=turn,
+            gate_hashes=gates,
+        )
     return Step(run=pairs(reply))
 
 
@@ -152,30 +166,44 @@ class Scripts(ScriptSet):
         begin_agent: str | None = None,
         turn: str | None = None,
         attempt: str = "",
+        gate_ids: Sequence[str] = (),
+        batch: str = "",
+        replicas: int = 0,
+        wait_ms: int = 0,
     ) -> Lease:
         """ACQUIRE_LEASE; with ``begin_agent``, BEGIN_RUN too (run.started names that agent
-        when the run names none), and with ``turn`` that turn's hash when the run is still
-        at it, in phase ``tools``."""
+        when the run names none) and the history for the model when the run is in phase
+        ``model``; with ``turn`` that turn's hash when the run is still at it, in phase
+        ``tools``, the hashes of ``gate_ids`` (the resume job's), and with ``batch`` (see
+        acquire_lease.lua) its approved calls claimed at once. ``replicas``: WAIT for that
+        many replicas after it (the claims; see :func:`eval_replicated`)."""
         k = self.keys
         keys = [k.run(run_id)]
         args: list[Any] = [lease_ms, worker]
         if begin_agent is not None:
-            keys.append(k.events(k.shard_of(run_id)))
-            args += [begin_agent, ""]
+            keys += [k.events(k.shard_of(run_id)), k.history(run_id), k.authors(run_id)]
+            keys.append(k.run_inbox(run_id))
+            args += [begin_agent, turn or "", attempt, batch if turn is not None else ""]
             if turn is not None:
                 keys.append(k.turn(run_id, int(turn)))
-                args[3] = turn
-            args.append(attempt)
+                keys += [k.gate(g) for g in gate_ids]
+                args += list(gate_ids)
         elif attempt:
             args += ["", "", attempt]
-        res = await self._run("acquire_lease", keys, args)
+        reached = -1
+        if replicas > 0 and batch and turn is not None:
+            res, reached = await eval_replicated(
+                self.redis, self.source("acquire_lease"), keys, args, replicas, wait_ms
+            )
+        else:
+            res = await self._run("acquire_lease", keys, args)
         status = LeaseStatus(res[0])
         if status is LeaseStatus.BUSY:
             return Lease(status, busy_for=float(res[1]))
         if status is LeaseStatus.MISSING:
             return Lease(status)
         began = Began.of(res[3]) if len(res) > 3 else None
-        return Lease(status, str(res[1]), res[2], began=began)
+        return Lease(status, str(res[1]), res[2], began=began, replicas=reached)
 
     async def renew_lease(self, run_id: str, fence: str, lease_ms: int) -> bool:
         """RENEW_LEASE: True if renewed, False once the run is no longer the caller's."""
@@ -241,9 +269,15 @@ class Scripts(ScriptSet):
         completed: str,
         now: str,
         fields: Sequence[str],
+        gates: Sequence[GateToOpen] = (),
+        top_run: str | None = None,
+        job: tuple[str, str, str] | None = None,
     ) -> Step:
         """RECORD_TURN: the model's turn ``turn + 1`` (its calls, or with ``done`` the final
-        answer; a child run's answer goes to its parent's call)."""
+        answer; a child run's answer goes to its parent's call). With ``gates``, that turn's
+        gates opened in the same step (``top_run``: the thread's, see :meth:`open_gates`);
+        with ``job`` (stream, group, message id), the job finished too when the run then
+        pauses or finishes (:attr:`Step.finished`)."""
         k = self.keys
         run_id = run["run_id"]
         shard = k.shard_of(run_id)
@@ -255,11 +289,22 @@ class Scripts(ScriptSet):
             k.finished(shard),
             k.active(shard),
             k.run_inbox(run_id),
+            *self._parent_keys(run_id, run),
+            self._parent_gate_key(run_id, run),
+            *self._audit_keys(shard),
+            job[0] if job else k.jobs(shard),
+            k.deadlines(shard),
+            k.run_gates(run_id),
+            k.grants(top_run or run_id),
+            k.nudges(shard),
+            *(k.gate(g.gate_id) for g in gates),
         ]
-        if run.get("parent"):
-            keys += [*self._parent_keys(run_id, run), self._parent_gate_key(run_id, run)]
-            keys += self._audit_keys(shard)
-        args = [fence, turn, assistant, "done" if done else "tools", final, completed, now]
+        args: list[Any] = [fence, turn, assistant, "done" if done else "tools", final]
+        args += [completed, now, "1" if run.get("parent") else "0"]
+        args += [job[1], job[2]] if job else ["", ""]
+        args.append(len(gates))
+        for g in gates:
+            args += [g.gate_id, g.timeout, g.fields, g.opened, g.decided]
         return _step(await self._run("record_turn", keys, [*args, *fields]))
 
     async def finish_turn(
@@ -271,14 +316,24 @@ class Scripts(ScriptSet):
         tool_messages: Sequence[str],
         *,
         read: bool = True,
+        results: Sequence[CallResult] = (),
     ) -> Step:
-        """FINISH_TURN: append the tool messages and hand back to the model; with ``read``,
-        what the next model call reads too (:attr:`Step.read`)."""
+        """FINISH_TURN: record ``results`` (calls this worker claimed and ran), append the
+        tool messages and hand back to the model; with ``read``, what the next model call
+        reads too (:attr:`Step.read`)."""
         k = self.keys
-        keys = [k.run(run_id), k.history(run_id)]
-        if read:
-            keys += [k.authors(run_id), k.run_inbox(run_id)]
-        return _step(await self._run("finish_turn", keys, [fence, turn, now, *tool_messages]))
+        shard = k.shard_of(run_id)
+        keys = [k.run(run_id), k.history(run_id), k.authors(run_id), k.run_inbox(run_id)]
+        keys += [k.turn(run_id, turn), k.events(shard), *self._audit_keys(shard)]
+        args: list[Any] = [fence, turn, now, "1" if read else "0", len(results)]
+        gate_at: dict[str, int] = {}
+        for r in results:
+            at = 0
+            if r.gate_id:
+                at = gate_at.setdefault(r.gate_id, len(gate_at) + 1)
+            args += [r.call_id, r.result, r.event, r.outcome, at]
+        keys += [k.gate(g) for g in gate_at]
+        return _step(await self._run("finish_turn", keys, [*args, *tool_messages]))
 
     # --- calls -----------------------------------------------------------------------------
     def _claim(

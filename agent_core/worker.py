@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -24,13 +25,13 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from . import audit, layout, metrics, presence
-from .agent import Agent
+from .agent import Agent, AgentTool
 from .connections import reachable_redis
 from .exceptions import ConfigError, GateNotFound, LeaseLost
 from .gateway import Gateway, valid_run_id
 from .keys import Keys
 from .nudges import NudgeSweeper
-from .runner import Runner
+from .runner import JobRef, Runner
 from .runtime import freeze_startup_heap
 from .script_replies import Began, LeaseStatus
 from .scripts import Scripts
@@ -111,6 +112,19 @@ class Worker:
         for r in self.runners.values():
             r.peers = self.runners
         self.runner = self.runners[self.agent.name]
+        # Which approved calls a resume claims as one batch with the lease (ACQUIRE_LEASE):
+        # any but a sub-agent's (a child run starts instead), for agents that run a turn's
+        # calls together.
+        self._batch = json.dumps(
+            {
+                "default": self.agent.name,
+                "agents": {
+                    a.name: sorted(t.name for t in a.tools if isinstance(t, AgentTool))
+                    for a in self.agents.values()
+                    if a.parallel_tool_calls
+                },
+            }
+        )
         lease_ms = int(settings.worker_lease * 1000)
         self.lease_ms = lease_ms
         keys = self.keys
@@ -291,7 +305,9 @@ class Worker:
                 await reader.dead_letter(msg, "malformed job")
                 metrics.DEAD_LETTERS.labels("malformed").inc()
                 return
-            fence, began = await self._acquire(run_id, msg.fields.get("turn"))
+            fence, began = await self._acquire(
+                run_id, msg.fields.get("turn"), msg.fields.get("gates", "").split()
+            )
             if fence is None:
                 await reader.ack(msg)
                 log.warning("job %s for unknown run %s ignored", msg.id, run_id)
@@ -343,10 +359,14 @@ class Worker:
                 metrics.DEAD_LETTERS.labels("too_many_deliveries").inc()
                 log.error("run %s: job %s dead-lettered", run_id, msg.id)
             else:
-                await self.runner.advance(run_id, fence, lost, began)
+                job = JobRef(msg.stream, JOBS_GROUP, msg.id)
+                await self.runner.advance(run_id, fence, lost, began, job)
+                finished = job.finished  # by the step that paused or finished the run
             done.set()
             heartbeat.cancel()
-            if await self.scripts.finish_job(msg.stream, JOBS_GROUP, msg.id, run_id, fence):
+            if finished:
+                pass
+            elif await self.scripts.finish_job(msg.stream, JOBS_GROUP, msg.id, run_id, fence):
                 finished = True
             else:
                 raise LeaseLost(run_id)
@@ -361,11 +381,12 @@ class Worker:
                     await self.scripts.release_lease(run_id, fence)
 
     async def _acquire(
-        self, run_id: str, turn: str | None = None
+        self, run_id: str, turn: str | None = None, gate_ids: Sequence[str] = ()
     ) -> tuple[str | None, Began | None]:
-        """The run's lease: (a fence token, BEGIN_RUN's reply taken with it, with ``turn``'s
-        hash when the job resumes that turn), ``("busy", None)``, or ``(None, None)`` when
-        the run does not exist.
+        """The run's lease: (a fence token, BEGIN_RUN's reply taken with it: the history
+        for a model turn, or when the job resumes ``turn``, that turn's hash, the hashes of
+        its gates ``gate_ids`` and its approved calls claimed as a batch), ``("busy",
+        None)``, or ``(None, None)`` when the run does not exist.
 
         A busy run is tried a few times over about a second (a resume job often arrives
         while the worker that opened the gates is still releasing the run).
@@ -381,8 +402,22 @@ class Worker:
                 begin_agent=self.agent.name,
                 turn=turn if turn and turn.isdigit() else None,
                 attempt=lease_attempt,
+                gate_ids=[g for g in gate_ids if self._same_shard(g, run_id)],
+                batch=self._batch,
+                replicas=self.settings.decision_replicas,
+                wait_ms=1000,
             )
             if res.status is LeaseStatus.OK:
+                replicas = self.settings.decision_replicas
+                if res.began and res.began.claimed and 0 <= res.replicas < replicas:
+                    log.error(
+                        "run %s: the claims of %d calls reached %s of %s replicas within "
+                        "1000 ms; the tools run anyway, and a failover now could run them again",
+                        run_id,
+                        len(res.began.claimed),
+                        res.replicas,
+                        replicas,
+                    )
                 if res.previous_owner:
                     metrics.TAKEOVERS.inc()
                     log.info(
@@ -395,6 +430,10 @@ class Worker:
                 return None, None
             await asyncio.sleep(min(0.01 * 2**attempt, 0.25))
         return "busy", None
+
+    def _same_shard(self, gate_id: str, run_id: str) -> bool:
+        k = self.keys
+        return k.owns(gate_id) and k.shard_of(gate_id) == k.shard_of(run_id)
 
     async def _heartbeat(
         self,
@@ -417,6 +456,8 @@ class Worker:
                 # a lease that ran out while Redis did not answer (a failover) is taken up
                 # again, so failed beats never lose it by themselves.
                 if not await self.scripts.renew_lease(run_id, fence, self.lease_ms):
+                    if done.is_set():  # released by the step that finished the job
+                        return
                     lost.set()
                     log.warning("run %s: lease lost (taken over); stopping", run_id)
                     return

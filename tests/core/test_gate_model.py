@@ -167,7 +167,9 @@ async def test_a_resume_job_names_its_turn_and_the_lease_reads_it(redis: Redis) 
         await gw.decide(g, "approve", by="U1")
     jobs = await redis.xrange(keys.jobs(keys.shard_of(run_id)))
     resume = [f for _, f in jobs if f["type"] == "resume"]
-    assert resume == [{"type": "resume", "run_id": run_id, "turn": "1"}]
+    assert resume == [
+        {"type": "resume", "run_id": run_id, "turn": "1", "gates": " ".join(gate_ids)}
+    ]
 
     async def acquire(turn: str) -> Began:
         res = await scripts.acquire_lease(

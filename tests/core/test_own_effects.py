@@ -89,13 +89,15 @@ async def test_a_claim_whose_reply_is_lost_runs_the_call_once_and_reports_it(
     fake_openai: FakeOpenAI,
     journal: Path,
 ) -> None:
-    """The worker's claim reaches Redis, its reply is lost, redis-py sends it again: the
-    worker runs the approved call (once) and the model gets its output, not "in doubt"."""
+    """The worker's claim (taken with the lease by the resume job's ACQUIRE_LEASE) reaches
+    Redis, its reply is lost, redis-py sends it again: the worker runs the approved call
+    (once) and the model gets its output, not "in doubt"."""
     fake_openai.script("lost claim", [call("delete_user", {"user_id": "7"}), reply("done")])
-    # Loaded first, so that the claim that is applied is the one whose reply is lost.
-    claim_call = Scripts(redis, Keys()).source("claim_call")
-    sha = await redis.script_load(claim_call)
-    assert sha == hashlib.sha1(claim_call.encode()).hexdigest()
+    # Loaded first, so that the claim that is applied is the one whose reply is lost (the
+    # start job's lease is taken before the proxy is told to lose a reply).
+    acquire = Scripts(redis, Keys()).source("acquire_lease")
+    sha = await redis.script_load(acquire)
+    assert sha == hashlib.sha1(acquire.encode()).hexdigest()
     through_proxy = create_redis(lossy.url_for(redis_url))
     h = Harness(through_proxy, core_settings(lossy.url_for(redis_url), fake_openai.base_url), ops)
     h.start_worker()

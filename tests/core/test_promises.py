@@ -9,6 +9,7 @@ cards.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -128,17 +129,69 @@ async def test_an_approved_call_runs_only_with_the_arguments_the_approver_saw(
 
 # --------------------------------------------------------------------------- 3. cancel
 async def test_after_cancel_returns_no_call_starts_and_a_running_call_reports_after_it(
+    redis: Redis,
+    redis_url: str,
+    fake_openai: FakeOpenAI,
+    journal: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An agent that runs a turn's calls one at a time (``parallel_tool_calls=False``): a
+    cancel while the first runs means the second never starts."""
+    monkeypatch.setenv("TEST_SLOW_SECONDS", "1.0")
+    fake_openai.script(
+        "two transfers",
+        [calls([("transfer", {"amount": 5}), ("delete_user", {"user_id": "9"})])],
+    )
+    one_by_one = dataclasses.replace(strict, parallel_tool_calls=False)
+    h = Harness(redis, core_settings(redis_url, fake_openai.base_url), one_by_one)
+    h.start_worker()
+    try:
+        await _cancel_while_the_first_call_runs(h, journal)
+    finally:
+        await h.close()
+
+
+async def test_the_approved_calls_of_a_turn_start_together_and_a_cancel_reports_both_running(
     strict_harness: Harness,
     fake_openai: FakeOpenAI,
     journal: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """By default a turn's approved calls are claimed in one step and start together: a
+    cancel while they run reports both running, and both report their results after it."""
     monkeypatch.setenv("TEST_SLOW_SECONDS", "1.0")
     fake_openai.script(
         "two transfers",
         [calls([("transfer", {"amount": 5}), ("delete_user", {"user_id": "9"})])],
     )
     h = strict_harness
+    run = await h.gateway.start_run("two transfers", requested_by="U1")
+    opened = await h.opened_gates(run.run_id, 2)
+    by_tool = {e.data["tool"]: e.data["gate_id"] for e in opened}
+    for gid in by_tool.values():
+        await h.gateway.decide(gid, "approve", by="U2")
+    for _ in range(200):
+        if "transfer:start:5" in read_journal(str(journal)):
+            break
+        await asyncio.sleep(0.02)
+    assert "delete_user:9" in read_journal(str(journal)), "started together"
+    cancelled = await h.gateway.cancel_run(run.run_id, by="U1", reason="changed my mind")
+    assert cancelled.status is RunStatus.CANCELLED
+    ev = await h.wait_event(run.run_id, "run.cancelled")
+    assert sorted(ev.data["running"]) == sorted(by_tool.values())
+    assert ev.data["never_ran"] == []
+    for tool in ("transfer", "delete_user"):
+        done = await h.wait_event(run.run_id, "tool.executed", timeout=10, tool=tool)
+        assert done.data["after_cancel"] is True and done.data["ok"] is True
+    await asyncio.sleep(0.3)
+    assert sorted(read_journal(str(journal))) == [
+        "delete_user:9",
+        "transfer:end:5",
+        "transfer:start:5",
+    ]
+
+
+async def _cancel_while_the_first_call_runs(h: Harness, journal: Path) -> None:
     run = await h.gateway.start_run("two transfers", requested_by="U1")
     opened = await h.opened_gates(run.run_id, 2)
     by_tool = {e.data["tool"]: e.data["gate_id"] for e in opened}

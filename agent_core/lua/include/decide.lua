@@ -72,7 +72,9 @@ local function decide()
   -- An extra resume job is harmless (it finds nothing to do); a missing one hangs the run.
   if pending <= 0 and (rs == 'awaiting_approval' or rs == 'running')
     and tonumber(redis.call('HGET', run_key, 'children_pending') or '0') <= 0 then
-    redis.call('XADD', jobs_key, '*', 'type', 'resume', 'run_id', run_id, 'turn', g[2])
+    -- The turn's gates ride along: the worker reads them with its lease (ACQUIRE_LEASE).
+    redis.call('XADD', jobs_key, '*', 'type', 'resume', 'run_id', run_id, 'turn', g[2],
+      'gates', redis.call('HGET', run_key, 'open_gates') or '')
   end
   return {'applied', redis.call('HGETALL', gate_key)}
 end
