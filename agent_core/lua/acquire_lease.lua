@@ -7,8 +7,9 @@
 --   approved calls claimed at once (CLAIM_CALL's step for each: state `gated` → `claimed`,
 --   claimant fence:attempt), the worker then starting them together. A call is claimed so
 --   only when its gate (of this run and turn) is approved without edits, and the call's
---   recorded `args_hash` is the hash the approver decided: anything else is left to the
---   per-call path (edits are validated by the tool's own model before their claim).
+--   recorded `args_hash` is the hash the approver decided, in a run that is not a
+--   sub-agent's: anything else is left to the per-call path (edits are validated by the
+--   tool's own model before their claim; a child run's parent is checked first).
 -- KEYS: run_key, events_key (optional), then with events_key: history_key, authors_key,
 --   inbox_key (the model read), turn_key (optional), then the gate hashes named in ARGV
 --   (optional)
@@ -67,6 +68,11 @@ if not events_key then return {'ok', tostring(fence), before} end
 local function claim_batch(gate_hashes)
   local claimed = {}
   if not rule then return claimed end
+  -- A sub-agent's run claims call by call, once the worker has seen its parent is live: a
+  -- parent ended by a crash mid-cascade leaves it to be cancelled, and what it claimed here
+  -- would be reported as possibly run although it never started.
+  local parent = redis.call('HGET', run_key, 'parent')
+  if parent and parent ~= '' then return claimed end
   local name = redis.call('HGET', run_key, 'agent')
   if not name or name == '' then name = rule['default'] end
   local never = rule['agents'][name]

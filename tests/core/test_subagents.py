@@ -342,6 +342,10 @@ async def test_a_child_whose_parent_was_cancelled_without_it_is_cancelled_before
     assert child.status is RunStatus.CANCELLED
     await asyncio.sleep(0.3)
     assert read_journal(str(journal)) == []
+    # Never started, so never claimed: nobody is told it may have run.
+    turn = await redis.hgetall(h.keys.turn(child_id, 1))
+    states = {k: v for k, v in turn.items() if k.startswith("state:")}
+    assert "claimed" not in states.values(), states
 
 
 async def test_a_worker_frozen_past_its_lease_in_a_child_run_writes_nothing_when_it_wakes(
