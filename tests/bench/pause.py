@@ -102,6 +102,7 @@ class Sample:
     resume_traffic: Traffic  # client side, first decision → final answer
     pause_server: ServerStats  # INFO, turn start → paused
     resume_server: ServerStats  # INFO, first decision → final answer
+    decisions: int = 0  # ours: round trips of the decisions themselves (one per gate)
 
     @property
     def cycle(self) -> float:
@@ -343,10 +344,12 @@ class Ours(Framework):
         if second is not None:
             await second.arm(1)  # its XREADGROUP is waiting in Redis, as ours here is
         s2, c2 = await self.probe.snapshot(), self.traffic()
+        b2 = self.bot_traffic.snapshot()
         t2 = time.perf_counter()
         for gate in gates:
             res = await self.gateway.decide(gate, Decision.APPROVE, by="U-approver")
             assert res.applied, res
+        decisions = (self.bot_traffic - b2).round_trips
         if second is None:
             t4 = await self._job_done()
             c4, s4 = self.traffic(), await self.probe.snapshot()
@@ -383,6 +386,7 @@ class Ours(Framework):
             resume_traffic,
             self.probe.delta(s0, s1),
             self.probe.delta(s2, s4),
+            decisions,
         )
 
     async def close(self) -> None:

@@ -9,6 +9,7 @@ from tests.bench.pause import (
     TARGET_RATIO,
     TARGET_RATIO_EMPTY,
     PauseResults,
+    Sample,
 )
 
 Table = tuple[str, list[str], list[list[str]]]
@@ -67,6 +68,15 @@ def headline_table(res: PauseResults) -> Table:
     )
 
 
+def resume_trips(ss: list[Sample]) -> str:
+    """The resume's round trips; ours' split into the decisions and what follows them."""
+    total = median([s.resume_traffic.round_trips for s in ss])
+    decisions = median([s.decisions for s in ss])
+    if not decisions:
+        return f"{total:.0f}"
+    return f"{total:.0f} ({decisions:.0f} decisions + {total - decisions:.0f})"
+
+
 def elsewhere_table(res: PauseResults) -> Table | None:
     """Ours' resume in this process's worker and in the second worker process, per N."""
     if OURS_ELSEWHERE not in res.frameworks:
@@ -81,8 +91,8 @@ def elsewhere_table(res: PauseResults) -> Table | None:
                 f"{n:,}",
                 spread([s.resume for s in here]),
                 spread([s.resume for s in away]),
-                f"{median([s.resume_traffic.round_trips for s in here]):.0f}",
-                f"{median([s.resume_traffic.round_trips for s in away]):.0f}",
+                resume_trips(here),
+                resume_trips(away),
                 spread([s.to_tool for s in here]),
                 spread([s.to_tool for s in away]),
             ]
@@ -157,17 +167,18 @@ def traffic_table(res: PauseResults) -> Table:
                     kb(read),
                     f"{read / floor:.2f}x" if floor and n else "n/a",
                     kb(median([s.resume_traffic.bytes_out for s in ss])),
-                    f"{median([s.resume_traffic.round_trips for s in ss]):.0f}",
+                    resume_trips(ss),
                 ]
             )
     return (
-        "Redis traffic per repetition (medians)",
+        "Redis traffic per repetition (medians; ours' resume: the decisions, one round trip "
+        "per gate, + what follows the last one)",
         [
             "history (pairs)",
             "system",
             "bytes written, turn start → paused (client)",
             "same, Redis net input (INFO)",
-            "round trips → paused",
+            "round trips, turn start → paused (after the stream read that delivered the job)",
             "bytes read, decision → final answer (INFO net output)",
             "bytes read / ours' stored history (the floor: one read per model call)",
             "bytes written, decision → final answer (client)",
