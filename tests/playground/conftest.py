@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright
 
 from tests.redis_server import RedisServer, free_port
@@ -139,7 +140,14 @@ def _chromium() -> str:
     return path
 
 
-@pytest.fixture
+# One Chromium per test module (its launch with Playwright's driver took about 1.5 s a test);
+# each test still gets a browser context of its own (`page`): no cookie, storage or cache of
+# one test is seen by another. The tests that use it run on the module's event loop
+# (BROWSER_LOOP in their pytestmark), the one the browser's connection lives on.
+BROWSER_LOOP = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def browser() -> AsyncIterator[Browser]:
     async with async_playwright() as p:
         b = await p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
@@ -149,7 +157,7 @@ async def browser() -> AsyncIterator[Browser]:
             await b.close()
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="module")
 async def page(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterator[Page]:
     context = await browser.new_context(viewport={"width": 1280, "height": 800})
     pg = await context.new_page()
