@@ -81,11 +81,13 @@ chromium-check:
 # documentation site is built first (a few seconds): a broken link or docstring fails the test.
 # TEST_WORKERS pytest-xdist processes (each with its own servers) share the test files: most
 # tests wait on processes and sockets, so two halve the time on two cores. A file's tests stay
-# in one process (its module fixtures, such as the wheel's build, are made once). One process
-# with TEST_REDIS_URL: every test flushes that one database.
+# in one process (its module fixtures, such as the wheel's build, are made once). Files are
+# handed out in collection order (--no-loadscope-reorder: xdist would put the files with the
+# most tests first, and so the few long ones last), and tests/conftest.py puts the longest
+# files first. One process with TEST_REDIS_URL: every test flushes that one database.
 TEST_WORKERS ?= $(if $(TEST_REDIS_URL),0,2)
 test: install redis-check chromium-check docs
-	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/bench --ignore=tests/soak $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=tests/bench --ignore=tests/soak $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/) into ./site, with --strict: a warning (a broken
 # link or anchor, a docstring mkdocstrings cannot read) fails it. The configuration reference

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import openai
+if TYPE_CHECKING:
+    # Imported where a failure is read (api_failure): openai takes most of a second to
+    # import, and a process that never calls a model (web, agent-audit, --help) needs none.
+    import openai
 
 MESSAGE_LIMIT = 600
 """The most characters of a provider's message the run's error keeps."""
@@ -192,6 +195,8 @@ def _body_of(exc: openai.APIStatusError) -> Any:
 
 def api_failure(exc: openai.APIError) -> Failure:
     """The run's failure for a model call that ended in ``exc``."""
+    import openai  # loaded already: the call that failed was made with it
+
     kind = type(exc).__name__
     if not isinstance(exc, openai.APIStatusError):
         return Failure(f"model API error ({kind}) {exc.message}", True)

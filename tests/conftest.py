@@ -124,3 +124,28 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         (name, text.encode("utf-8", "backslashreplace").decode("utf-8"))
         for name, text in report.sections
     ]
+
+
+# --------------------------------------------------------------------------- order
+# `make test` runs `-n 2 --dist loadfile`: a file runs whole on one worker, and the files are
+# handed out in collection order (with --no-loadscope-reorder; xdist's default puts the files
+# with the most tests first, so the few long ones, such as tests/test_wheel.py, came last and
+# the other worker idled for most of their minute). The longest files go first, longest first
+# (measured with `--durations`), so that the short ones fill the end; the others keep their
+# order.
+LONGEST_FILES = (
+    "tests/test_commands.py",
+    "tests/test_wheel.py",
+    "tests/cluster/test_failover_bound.py",
+    "tests/core/test_audit_cli.py",
+    "tests/playground/test_browser_approvals.py",
+    "tests/playground/test_browser.py",
+    "tests/bot/test_layout.py",
+    "tests/cluster/test_slack_on_cluster.py",
+    "tests/security/test_secrets.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: n for n, path in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

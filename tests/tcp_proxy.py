@@ -176,10 +176,16 @@ class TcpProxy:
                         await t
         except OSError:
             pass  # the target refused or a side reset: the client sees its connection close
+        except asyncio.CancelledError:
+            pass  # close(): this task is the proxy's own, nobody awaits it
         finally:
-            for w in (c_writer, s_writer):
-                if w is not None:
-                    w.close()
-                    with contextlib.suppress(Exception):
-                        await w.wait_closed()
+            # Both closed before either is awaited: close() cancels this task wherever it
+            # is, a wait below included, and a writer still open then would outlive the
+            # loop (a ResourceWarning in a later test, when the garbage collector runs).
+            writers = [w for w in (c_writer, s_writer) if w is not None]
+            for w in writers:
+                w.close()
+            for w in writers:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await w.wait_closed()
             self._tasks.discard(task)

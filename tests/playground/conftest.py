@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright
+import pytest_asyncio
+from playwright.async_api import Browser, Page, Playwright, async_playwright
 
 from tests.redis_server import RedisServer, free_port
 
@@ -139,18 +140,14 @@ def _chromium() -> str:
     return path
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as p:
-        b = await p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            await b.close()
+async def _launch(p: Playwright) -> Browser:
+    return await p.chromium.launch(executable_path=_chromium(), args=CHROMIUM_ARGS)
 
 
-@pytest.fixture
-async def page(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterator[Page]:
+@contextlib.asynccontextmanager
+async def _page_of(browser: Browser, name: str) -> AsyncIterator[Page]:
+    """A page in a new browser context (no cookie, storage or cache of another test); a
+    screenshot of it at the end, and the test fails on any JavaScript error of the page."""
     context = await browser.new_context(viewport={"width": 1280, "height": 800})
     pg = await context.new_page()
     errors: list[str] = []
@@ -160,9 +157,44 @@ async def page(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterato
     finally:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(Exception):
-            await pg.screenshot(path=str(ARTIFACTS / f"{request.node.name}-last.png"))
+            await pg.screenshot(path=str(ARTIFACTS / f"{name}-last.png"))
         await context.close()
     assert not errors, f"JavaScript errors on the page: {errors}"
+
+
+# One Chromium per test module (its launch with Playwright's driver took about 1.5 s a test);
+# each test still gets a browser context of its own (`page`). The tests that use `page` run
+# on the module's event loop (BROWSER_LOOP in their pytestmark), the one the browser's
+# connection lives on; a test whose other fixtures live on its own loop takes `own_page`.
+BROWSER_LOOP = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as p:
+        b = await _launch(p)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def page(browser: Browser, request: pytest.FixtureRequest) -> AsyncIterator[Page]:
+    async with _page_of(browser, request.node.name) as pg:
+        yield pg
+
+
+@pytest.fixture
+async def own_page(request: pytest.FixtureRequest) -> AsyncIterator[Page]:
+    """A page in a Chromium of the test's own, on the test's own event loop."""
+    async with async_playwright() as p:
+        b = await _launch(p)
+        try:
+            async with _page_of(b, request.node.name) as pg:
+                yield pg
+        finally:
+            await b.close()
 
 
 async def shot(page: Page, name: str) -> Path:

@@ -20,10 +20,16 @@ from playwright.async_api import Locator, Page, expect
 from playground import people
 from playground.guard import TOKEN_HEADER
 from playground.people import Person
-from tests.playground.conftest import ARTIFACTS, PlaygroundProcess, shot, start_playground
+from tests.playground.conftest import (
+    ARTIFACTS,
+    BROWSER_LOOP,
+    PlaygroundProcess,
+    shot,
+    start_playground,
+)
 from tests.redis_server import RedisServer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), BROWSER_LOOP]
 
 SLOW = 20_000  # ms: a run goes through the real bot, worker and model
 

@@ -11,11 +11,11 @@ import pytest
 from playwright.async_api import Page, expect
 
 from playground import people
-from tests.playground.conftest import shot, start_playground
+from tests.playground.conftest import BROWSER_LOOP, shot, start_playground
 from tests.playground.test_browser import SLOW, card, open_as, send, start_task, switch
 from tests.redis_server import RedisServer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), BROWSER_LOOP]
 
 
 async def test_a_two_person_approval_switching_users(

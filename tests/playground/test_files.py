@@ -73,7 +73,7 @@ async def test_posting_is_limited_per_channel_as_slack_does(env: Env) -> None:
     assert [m["text"] for m in await env.history(RILEY)] == ["m0", "m1"]
 
 
-async def test_the_page_shows_a_shared_file_as_an_attachment(env: Env, page: Page) -> None:
+async def test_the_page_shows_a_shared_file_as_an_attachment(env: Env, own_page: Page) -> None:
     root = await env.say("Task started by Riley: write the report")
     text = "## Report\n" + "a long line of the report\n" * 2000
     await env.slack.files_upload_v2(
@@ -83,10 +83,10 @@ async def test_the_page_shows_a_shared_file_as_an_attachment(env: Env, page: Pag
         title="Answer of run r-1",
         content=text,
     )
-    await page.goto(f"{env.url}/?as={RILEY}")
-    msg = page.locator("#messages .msg", has_text="write the report")
+    await own_page.goto(f"{env.url}/?as={RILEY}")
+    msg = own_page.locator("#messages .msg", has_text="write the report")
     await msg.locator(".replies-link").click()
-    card = page.locator("#thread-replies a.file-card")
+    card = own_page.locator("#thread-replies a.file-card")
     await expect(card).to_contain_text("Answer of run r-1")
     await expect(card).to_contain_text("answer-r-1.md")
     href = await card.get_attribute("href")
