@@ -10,13 +10,15 @@ second one by the same person, a group already heard) comes back ``refused`` (se
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .completions import clean_text
-from .exceptions import ArgsHashMismatch, GateNotFound, InvalidState
+from .exceptions import ArgsHashMismatch, GateNotFound, InvalidState, RunNotFound
+from .ids import valid_gate_id, valid_run_id
 from .models import DecideResult, Gate
 from .script_replies import DecideOutcome, Decision
 from .stopping import MAX_REASON_CHARS
@@ -45,8 +47,6 @@ def warn_unreplicated(gw: Gateway, gate_id: str, outcome: DecideOutcome, reached
 def run_of(gw: Gateway, gate_id: str, run_id: str | None) -> bool:
     """Whether ``run_id`` may be the run of ``gate_id`` (well formed, of its shard): worth
     giving to the script, which checks it is the gate's."""
-    from .gateway import valid_run_id
-
     k = gw.keys
     return (
         run_id is not None and valid_run_id(run_id, k) and k.shard_of(run_id) == k.shard_of(gate_id)
@@ -94,8 +94,6 @@ async def apply_decision(
 ) -> DecideResult:
     """Run DECIDE_GATE for one gate; see :meth:`Gateway.decide` (``edit``: the edited
     arguments' canonical JSON and hash, see :func:`agent_core.editing.approve_edited`)."""
-    from .gateway import valid_gate_id
-
     if not valid_gate_id(gate_id, gw.keys):
         raise GateNotFound(f"no gate {gate_id[:40]!r}")
     given = run_id if run_of(gw, gate_id, run_id) else None
@@ -139,3 +137,51 @@ async def apply_decision(
         g = result.gate
         metrics.gate_decided(g.status.value, g.created_at, g.decided_at)
     return result
+
+
+async def gate_of_call(gw: Gateway, run_id: str, call_id: str) -> str:
+    """The gate of the run's tool call ``call_id`` (the latest turn holding it); see
+    :meth:`Gateway.decide_call`."""
+    if not valid_run_id(run_id, gw.keys):
+        raise RunNotFound(f"no run {run_id[:40]!r}")
+    if not isinstance(call_id, str) or not 0 < len(call_id) <= 200:
+        raise GateNotFound(f"run {run_id} has no call {str(call_id)[:40]!r}")
+    k = gw.keys
+    turn = await gw.redis.hget(k.run(run_id), "turn")
+    if turn is None:
+        raise RunNotFound(f"no run {run_id!r}")
+    turns = range(int(turn), 0, -1)  # newest first: a server may reuse call ids
+    async with gw.redis.pipeline(transaction=False) as pipe:
+        for n in turns:
+            pipe.hget(k.turn(run_id, n), f"call:{call_id}")
+        records = await pipe.execute()
+    raw = next((r for r in records if r), None)
+    if raw is None:
+        raise GateNotFound(f"run {run_id} has no call {call_id!r}")
+    gate_id = json.loads(raw).get("gate_id")
+    if not isinstance(gate_id, str) or not gate_id:
+        raise GateNotFound(f"call {call_id!r} of run {run_id} needed no approval")
+    return gate_id
+
+
+async def gates_and_runs(gw: Gateway, gates: Iterable[str | Gate]) -> list[tuple[str, str | None]]:
+    """Each gate's id and run, for :meth:`Gateway.decide_many`: a :class:`Gate` names its
+    run, the runs of gates given by id are read (one round trip). :class:`GateNotFound`
+    when a gate does not exist."""
+    given = list(gates)
+    ids = [g if isinstance(g, str) else g.gate_id for g in given]
+    run_ids = [None if isinstance(g, str) else g.run_id for g in given]
+    k = gw.keys
+    unknown = [g for g in ids if not valid_gate_id(g, k)]
+    asked = [i for i, r in enumerate(run_ids) if r is None]
+    if asked and not unknown:
+        async with gw.redis.pipeline(transaction=False) as pipe:
+            for i in asked:
+                pipe.hget(k.gate(ids[i]), "run_id")
+            for i, r in zip(asked, await pipe.execute(), strict=True):
+                run_ids[i] = r
+        unknown = [g for g, r in zip(ids, run_ids, strict=True) if r is None]
+    if unknown:
+        shown = ", ".join(repr(g[:40]) for g in unknown[:5])
+        raise GateNotFound(f"no gate {shown}; nothing was decided")
+    return list(zip(ids, run_ids, strict=True))

@@ -2,77 +2,40 @@
 
 The Slack bot, a CLI and the tests all go through :class:`Gateway`. It never runs the model:
 it writes to Redis and the workers pick the work up from the jobs stream.
+
+The class holds the public methods and their documentation; the longer bodies live by
+concept: :mod:`agent_core.run_control` (start, continue, retry), :mod:`agent_core.waiting`,
+:mod:`agent_core.deciding`, :mod:`agent_core.upkeep` (due gates, purging, repairs) and
+:mod:`agent_core.ids`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import re
-import secrets
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
 
-from .completions import clean_text
-from .deciding import apply_decision
+from . import run_control
+from .deciding import apply_decision, gate_of_call, gates_and_runs
 from .events import EventConsumer
-from .exceptions import ChildRunSettled, GateNotFound, InvalidState, RunNotFound
+from .exceptions import InvalidState, RunNotFound
 from .grants import Grants
+from .ids import valid_gate_id as valid_gate_id
+from .ids import valid_run_id as valid_run_id
 from .keys import Keys
 from .models import ContinueOutcome, DecideResult, Decision, Gate, GateStatus, Run, RunStatus
 from .placement import ShardPicker
-from .script_replies import ContinueReply, RepairOutcome, RetryOutcome
 from .scripts import Scripts
 from .settings import Settings
-from .stopping import Stopper, new_attempt
+from .stopping import Stopper
 from .streams import stream_groups
+from .upkeep import Upkeep
+from .waiting import FINISHED, wait_for
 
 log = logging.getLogger(__name__)
-
-MAX_TASK_CHARS = 20_000
-# How long an idempotency key (start_run) or a dedupe key (continue_run) is remembered.
-IDEMPOTENCY_TTL_SECONDS = 86_400
-_GATE_ID = re.compile(r"^[A-Za-z0-9_-]{24}$")
-_RUN_ID = re.compile(r"^r-[a-z0-9]{12}$")
-
-
-# The states Gateway.wait can wait for: each is entered in the same script that publishes
-# its event, so a waiter reading the events stream cannot miss it.
-FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
-WAITABLE = FINISHED | {RunStatus.AWAITING_APPROVAL}
-_ENTERED_BY = {
-    "gate.opened": RunStatus.AWAITING_APPROVAL,
-    "run.completed": RunStatus.COMPLETED,
-    "run.failed": RunStatus.FAILED,
-    "run.cancelled": RunStatus.CANCELLED,
-}
-# Longest single XREAD BLOCK of Gateway.wait: well under the client's socket timeout.
-_WAIT_BLOCK_MS = 1000
-
-
-def valid_gate_id(gate_id: str, keys: Keys | None = None) -> bool:
-    """A well-formed gate id (of one of ``keys``' shards, when given)."""
-    ok = isinstance(gate_id, str) and bool(_GATE_ID.match(gate_id))
-    return ok and (keys is None or keys.owns(gate_id))
-
-
-def valid_run_id(run_id: str, keys: Keys | None = None) -> bool:
-    """A well-formed run id (of one of ``keys``' shards, when given)."""
-    ok = isinstance(run_id, str) and bool(_RUN_ID.match(run_id))
-    return ok and (keys is None or keys.owns(run_id))
-
-
-def _attempt(attempt: str | None) -> str:
-    """The caller's attempt id, checked, or a new one."""
-    if attempt is None:
-        return new_attempt()
-    if not 0 < len(attempt) <= 200:
-        raise ValueError("attempt must be 1 to 200 characters")
-    return attempt
 
 
 class Gateway:
@@ -96,10 +59,10 @@ class Gateway:
         self.decision_wait_ms = decision_wait_ms
         self._owns_redis = False  # True when from_settings made the client: aclose() closes it
         self.scripts = Scripts(redis, self.keys)
-        self._check_cursor = (0, 0)
         self.placement = ShardPicker(redis, self.keys)
         self.stopper = Stopper(redis, self.keys)
         self.grants = Grants(self)  # allow for this thread (agent_core.grants)
+        self._upkeep = Upkeep(redis, self.keys, self.scripts)
 
     @classmethod
     async def from_settings(
@@ -161,50 +124,7 @@ class Gateway:
         With ``idempotency_key`` (a Slack trigger id, a request id), calling again with the
         same key within a day returns the run the first call started and starts nothing.
         """
-        task = clean_text(task).strip()
-        if not task:
-            raise ValueError("the task is empty")
-        if len(task) > MAX_TASK_CHARS:
-            raise ValueError(f"the task is longer than {MAX_TASK_CHARS} characters")
-        if not requested_by:
-            raise ValueError("requested_by is required")
-        if idempotency_key is not None and not 0 < len(idempotency_key) <= 200:
-            raise ValueError("idempotency_key must be 1 to 200 characters")
-        k = self.keys
-        # With an idempotency key the run goes to that key's shard: the key and the run are
-        # written by one single-slot script. Without, to an even share of each master.
-        run_id = k.new_run_id(
-            k.shard_for(idempotency_key) if idempotency_key else self.placement.pick()
-        )
-        now = time.time()
-        fields = {
-            "run_id": run_id,
-            "agent": agent or self.agent_name,
-            "task": task,
-            "requested_by": requested_by,
-            "requesters": json.dumps([requested_by]),
-            "origin": json.dumps(origin or {}),
-            "status": "queued",
-            "phase": "model",
-            "turn": "0",
-            "pending": "0",
-            "created_at": f"{now:.6f}",
-            "updated_at": f"{now:.6f}",
-        }
-        got = await self.scripts.start_run(
-            run_id,
-            idempotency_key=idempotency_key,
-            requested_by=requested_by,
-            first_message=json.dumps({"role": "user", "content": task}),
-            now=f"{now:.6f}",
-            ttl=IDEMPOTENCY_TTL_SECONDS,
-            fields=fields,
-        )
-        if got != run_id:
-            existing = await self.get_run(got)
-            if existing is not None:
-                return existing
-        return Run.from_hash(fields)
+        return await run_control.start_run(self, task, requested_by, origin, idempotency_key, agent)
 
     async def started_run(self, idempotency_key: str) -> str | None:
         """The id of the run :meth:`start_run` started with ``idempotency_key`` (remembered
@@ -243,48 +163,7 @@ class Gateway:
         seconds (None: no limit) and :class:`RunNotFound` for an unknown (or purged) run.
         """
         targets = {RunStatus(until)} if isinstance(until, str) else {RunStatus(s) for s in until}
-        if not targets or not targets <= WAITABLE:
-            raise ValueError(
-                "until must name awaiting_approval, completed, failed or cancelled: those "
-                "are the states the events stream announces"
-            )
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        if not valid_run_id(run_id, self.keys):
-            raise RunNotFound(f"no run {run_id[:40]!r}")
-        stream = self.keys.events(self.keys.shard_of(run_id))
-        # The stream position first, then the run: an event after it is read below.
-        last = await self.redis.xrevrange(stream, count=1)
-        position = last[0][0] if last else "0-0"
-        run = await self.get_run(run_id)
-        while True:
-            if run is None:
-                raise RunNotFound(f"no run {run_id!r}")
-            if run.status in targets or run.status.finished:
-                return run
-            block_ms = _WAIT_BLOCK_MS
-            if deadline is not None:
-                left = deadline - loop.time()
-                if left <= 0:
-                    wanted = ", ".join(sorted(s.value for s in targets))
-                    raise TimeoutError(
-                        f"run {run_id} is still {run.status.value} after {timeout} s "
-                        f"(waited for {wanted})"
-                    )
-                block_ms = max(1, min(block_ms, int(left * 1000)))
-            reply = await self.redis.xread({stream: position}, count=500, block=block_ms)
-            entered = False
-            for _stream, entries in reply or []:
-                for msg_id, fields in entries:
-                    position = msg_id
-                    status = _ENTERED_BY.get((fields or {}).get("type", ""))
-                    if status is not None and fields.get("run_id") == run_id:
-                        entered = entered or status in targets or status.finished
-            if entered:
-                run = await self.get_run(run_id)
-                if run is None:
-                    raise RunNotFound(f"no run {run_id!r}")
-                return run
+        return await wait_for(self, run_id, targets, timeout)
 
     async def runs_for_user(self, user: str, limit: int = 20) -> list[Run]:
         """The user's runs, newest first (from every shard)."""
@@ -337,34 +216,7 @@ class Gateway:
         ``idempotency_key`` has seen the key too. A call retried after a lost reply gets the
         outcome it had.
         """
-        message = clean_text(message).strip()
-        if not message:
-            raise ValueError("the message is empty")
-        if len(message) > MAX_TASK_CHARS:
-            raise ValueError(f"the message is longer than {MAX_TASK_CHARS} characters")
-        if not by:
-            raise ValueError("by is required")
-        if dedupe_key is not None and not 0 < len(dedupe_key) <= 200:
-            raise ValueError("dedupe_key must be 1 to 200 characters")
-        if not valid_run_id(run_id, self.keys):
-            raise RunNotFound(f"no run {run_id[:40]!r}")
-        wire = json.dumps({"role": "user", "content": message})
-        dedupe = None
-        if dedupe_key is not None:
-            dedupe = (dedupe_key, secrets.token_hex(8), IDEMPOTENCY_TTL_SECONDS)
-        res = await self.scripts.continue_run(
-            run_id,
-            by=by,
-            message=wire,
-            now=f"{time.time():.6f}",
-            entry=json.dumps({"by": by, "message": wire}),
-            dedupe=dedupe,
-        )
-        if res is ContinueReply.MISSING:
-            raise RunNotFound(f"no run {run_id!r}")
-        if res is ContinueReply.CANCELLED:
-            raise InvalidState(f"run {run_id} was cancelled; a cancelled run does not continue")
-        return ContinueOutcome(res.value)
+        return await run_control.continue_run(self, run_id, message, by, dedupe_key)
 
     async def cancel_run(
         self, run_id: str, by: str, reason: str | None = None, *, attempt: str | None = None
@@ -378,7 +230,7 @@ class Gateway:
         """
         if not valid_run_id(run_id, self.keys):
             raise RunNotFound(f"no run {run_id!r}")
-        await self.stopper.cancel(run_id, by, reason, _attempt(attempt))
+        await self.stopper.cancel(run_id, by, reason, run_control.checked_attempt(attempt))
         run = await self.get_run(run_id)
         assert run is not None
         return run
@@ -397,38 +249,7 @@ class Gateway:
         :class:`ChildRunSettled` names the top run to retry instead. ``attempt``: as for
         :meth:`cancel_run`, a repeat with the same attempt is answered as the first was.
         """
-        if not valid_run_id(run_id, self.keys):
-            raise RunNotFound(f"no run {run_id!r}")
-        if not by:
-            raise ValueError("by is required")
-        # A run's parent never changes: the script only checks these were read right.
-        parent, parent_turn = await self.redis.hmget(
-            self.keys.run(run_id), ["parent", "parent_turn"]
-        )
-        family = {"parent": parent or "", "parent_turn": parent_turn or "0"}
-        res = await self.scripts.retry_run(
-            run_id, family, by=by, now=f"{time.time():.6f}", attempt=_attempt(attempt)
-        )
-        if res is RetryOutcome.MISSING:
-            raise RunNotFound(f"no run {run_id!r}")
-        if res is RetryOutcome.NOT_FAILED:
-            run = await self.get_run(run_id)
-            status = run.status.value if run else "gone"
-            raise InvalidState(f"run {run_id} is {status}; only a failed run can be retried")
-        if res is RetryOutcome.PARENT_MOVED_ON:
-            top = await self.top_run_id(run_id)
-            raise ChildRunSettled(
-                f"run {run_id} is a sub-agent's run and its parent has already been told it "
-                f"failed; retry the top run {top} instead",
-                top_run=top,
-            )
-        if res is RetryOutcome.NOT_RETRYABLE:
-            raise InvalidState(f"run {run_id} failed in a way a retry cannot fix (see its error)")
-        if res is not RetryOutcome.QUEUED:
-            raise InvalidState(f"run {run_id} changed while it was being retried; try again")
-        run = await self.get_run(run_id)
-        assert run is not None
-        return run
+        return await run_control.retry_run(self, run_id, by, attempt)
 
     async def top_run_id(self, run_id: str) -> str:
         """The run at the top of ``run_id``'s sub-agents (the run itself when it has no
@@ -546,31 +367,9 @@ class Gateway:
         decision = Decision(decision)
         if not by:
             raise ValueError("by is required")
-        gate_id = await self._gate_of_call(run_id, call_id)
+        gate_id = await gate_of_call(self, run_id, call_id)
         status = decision.status.value
         return await self._apply(gate_id, status, by, reason, args_hash or "", run_id=run_id)
-
-    async def _gate_of_call(self, run_id: str, call_id: str) -> str:
-        if not valid_run_id(run_id, self.keys):
-            raise RunNotFound(f"no run {run_id[:40]!r}")
-        if not isinstance(call_id, str) or not 0 < len(call_id) <= 200:
-            raise GateNotFound(f"run {run_id} has no call {str(call_id)[:40]!r}")
-        k = self.keys
-        turn = await self.redis.hget(k.run(run_id), "turn")
-        if turn is None:
-            raise RunNotFound(f"no run {run_id!r}")
-        turns = range(int(turn), 0, -1)  # newest first: a server may reuse call ids
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for n in turns:
-                pipe.hget(k.turn(run_id, n), f"call:{call_id}")
-            records = await pipe.execute()
-        raw = next((r for r in records if r), None)
-        if raw is None:
-            raise GateNotFound(f"run {run_id} has no call {call_id!r}")
-        gate_id = json.loads(raw).get("gate_id")
-        if not isinstance(gate_id, str) or not gate_id:
-            raise GateNotFound(f"call {call_id!r} of run {run_id} needed no approval")
-        return gate_id
 
     async def decide_many(
         self,
@@ -596,22 +395,6 @@ class Gateway:
         decision = Decision(decision)
         if not by:
             raise ValueError("by is required")
-        given = list(gates)
-        ids = [g if isinstance(g, str) else g.gate_id for g in given]
-        run_ids = [None if isinstance(g, str) else g.run_id for g in given]
-        k = self.keys
-        unknown = [g for g in ids if not valid_gate_id(g, k)]
-        asked = [i for i, r in enumerate(run_ids) if r is None]
-        if asked and not unknown:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for i in asked:
-                    pipe.hget(k.gate(ids[i]), "run_id")
-                for i, r in zip(asked, await pipe.execute(), strict=True):
-                    run_ids[i] = r
-            unknown = [g for g, r in zip(ids, run_ids, strict=True) if r is None]
-        if unknown:
-            shown = ", ".join(repr(g[:40]) for g in unknown[:5])
-            raise GateNotFound(f"no gate {shown}; nothing was decided")
         return [
             await self._apply(
                 g,
@@ -623,7 +406,7 @@ class Gateway:
                 groups=groups,
                 allow_self_approval=allow_self_approval,
             )
-            for g, r in zip(ids, run_ids, strict=True)
+            for g, r in await gates_and_runs(self, gates)
         ]
 
     async def expire(self, gate_id: str) -> DecideResult | None:
@@ -662,19 +445,7 @@ class Gateway:
     ) -> tuple[list[str], float | None]:
         """Pending gate ids past their deadline (Redis clock), in ``shards`` (default all),
         and the time until the next deadline after them."""
-        k = self.keys
-        chosen = list(k.all_shards() if shards is None else shards)
-        # TIME on its own: a cluster pipeline cannot carry a keyless command.
-        sec, usec = await self.redis.time()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for shard in chosen:
-                pipe.zrange(k.deadlines(shard), 0, limit, withscores=True)
-            per_shard = await pipe.execute()
-        now = sec + usec / 1e6
-        entries = sorted((e for rows in per_shard for e in rows), key=lambda e: e[1])
-        due = [g for g, score in entries if score <= now][:limit]
-        later = [score for _, score in entries if score > now]
-        return due, (later[0] - now if later else None)
+        return await self._upkeep.due_gates(limit, shards)
 
     async def purge_finished(self, older_than: float, limit: int = 100) -> int:
         """Delete the keys of runs that finished more than ``older_than`` seconds ago.
@@ -682,39 +453,7 @@ class Gateway:
         Several workers may purge at once: deleting twice is harmless. Returns how many runs
         were purged.
         """
-        k = self.keys
-        sec, usec = await self.redis.time()
-        cutoff = sec + usec / 1e6 - older_than
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for shard in k.all_shards():
-                pipe.zrangebyscore(k.finished(shard), "-inf", cutoff, start=0, num=limit)
-            per_shard = await pipe.execute()
-        run_ids = [r for rows in per_shard for r in rows if valid_run_id(r, k)][:limit]
-        if not run_ids:
-            return 0
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for run_id in run_ids:
-                pipe.hmget(k.run(run_id), ["turn", "requested_by"])
-                pipe.smembers(k.run_gates(run_id))
-                pipe.hvals(k.authors(run_id))  # whoever continued it has it in their index
-            replies = await pipe.execute()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for i, run_id in enumerate(run_ids):
-                (turn, requested_by), gate_ids = replies[3 * i], replies[3 * i + 1]
-                authors = {a for a in replies[3 * i + 2] if a} | {requested_by or ""}
-                doomed = [k.run(run_id), k.history(run_id), k.run_gates(run_id)]
-                doomed += [k.run_inbox(run_id), k.authors(run_id), k.children(run_id)]
-                doomed.append(k.grants(run_id))  # its thread's grants die with it
-                doomed += [k.turn(run_id, n) for n in range(1, int(turn or 0) + 1)]
-                doomed += [k.gate(g) for g in gate_ids]
-                pipe.unlink(*doomed)
-                shard = k.shard_of(run_id)
-                for author in sorted(authors - {""}):
-                    pipe.zrem(k.user_runs(author, shard), run_id)
-                pipe.zrem(k.finished(shard), run_id)
-                pipe.zrem(k.active(shard), run_id)
-            await pipe.execute()
-        return len(run_ids)
+        return await self._upkeep.purge_finished(older_than, limit)
 
     async def repair_stuck(self, stuck_after: float, limit: int = 200) -> list[str]:
         """Find runs that nothing will move on and repair them; the ids repaired.
@@ -724,40 +463,7 @@ class Gateway:
         or has no job. It gets its pending count recounted and a resume job (an extra job is
         harmless). Several workers may check at once: a repaired run counts as progress.
         """
-        k = self.keys
-        # Walk every shard's set across calls, `limit` runs at a time.
-        shard, start = self._check_cursor
-        run_ids = await self.redis.zrange(k.active(shard), start, start + limit - 1)
-        if len(run_ids) < limit:
-            self._check_cursor = ((shard + 1) % k.shards, 0)
-        else:
-            self._check_cursor = (shard, start + limit)
-        run_ids = [r for r in run_ids if valid_run_id(r, k)]
-        if not run_ids:
-            return []
-        sec, usec = await self.redis.time()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for run_id in run_ids:
-                pipe.hmget(k.run(run_id), ["status", "updated_at", "lease_until"])
-            rows = await pipe.execute()
-        now = sec + usec / 1e6
-        suspects = [
-            run_id
-            for run_id, (status, updated, lease) in zip(run_ids, rows, strict=True)
-            if status is None
-            or status in ("completed", "failed", "cancelled")
-            or (float(lease or 0) <= now and float(updated or 0) <= now - stuck_after)
-        ]
-        repaired: list[str] = []
-        for run_id in suspects:
-            for _ in range(3):
-                gate_ids = sorted(await self.redis.smembers(k.run_gates(run_id)))
-                res = await self.scripts.repair_run(run_id, stuck_after, gate_ids, shard=shard)
-                if res is not RepairOutcome.RETRY:
-                    break
-            if res is RepairOutcome.REPAIRED:
-                repaired.append(run_id)
-        return repaired
+        return await self._upkeep.repair_stuck(stuck_after, limit)
 
     # --- events -----------------------------------------------------------------------
     def event_consumer(

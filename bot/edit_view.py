@@ -25,7 +25,18 @@ from agent_core.models import DecideResult, Gate, GateStatus
 
 from . import cards, quorum_view
 from .acking import FormAnswer, answer_form, at_ack
+from .clicks import (
+    UNKNOWN_GATE,
+    already_decided,
+    channel_of,
+    form_metadata,
+    guard,
+    home_team,
+    is_external,
+    mismatch,
+)
 from .context import BotContext
+from .durable_acks import told_late
 from .publisher import slack_error
 
 if TYPE_CHECKING:
@@ -279,13 +290,8 @@ def _errors_on_blocks(gate: Gate, problems: dict[str, str]) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- the handlers
 def _meta(body: dict[str, Any]) -> tuple[str, str | None, str | None] | None:
-    view = body.get("view")
-    raw = view.get("private_metadata") if isinstance(view, dict) else None
-    try:
-        meta = json.loads(raw) if isinstance(raw, str) and raw else None
-    except ValueError:
-        return None
-    if not isinstance(meta, dict) or not isinstance(meta.get("gate_id"), str):
+    meta = form_metadata(body)
+    if meta is None or not isinstance(meta.get("gate_id"), str):
         return None
     channel = meta.get("channel")
     clicked = meta.get("args_hash")
@@ -311,13 +317,11 @@ class EditActions:
         self.ctx, self.actions = ctx, actions
 
     async def clicked(self, body: dict[str, Any], respond: Any, *, external: bool) -> None:
-        from .actions import _channel
-
         loaded = await self.actions._load(body, respond, approve=True, external=external)
         if loaded is None:
             return
         user_id, gate, clicked_hash = loaded
-        channel = _channel(body)
+        channel = channel_of(body)
         if not offered(gate):
             await self.actions._tell(user_id, NOT_EDITABLE, channel=channel, respond=respond)
             return
@@ -340,8 +344,6 @@ class EditActions:
     async def submitted(self, answer: FormAnswer, body: dict[str, Any], *, external: bool) -> None:
         """Validate and decide; ``answer`` keeps the modal open with errors, or closes it
         (once the decision is durable, or there is nothing to decide)."""
-        from .actions import UNKNOWN_GATE, already_decided, mismatch
-
         user = body.get("user")
         user_id = user.get("id") if isinstance(user, dict) else None
         meta = _meta(body)
@@ -426,8 +428,6 @@ def _first_input(body: dict[str, Any]) -> str:
 
 def register(app: AsyncApp, ctx: BotContext, actions: GateActions) -> None:
     """Listen for Edit & approve's click and its modal's submission."""
-    from .actions import _guard, home_team, is_external, told_late
-
     edits = EditActions(ctx, actions)
 
     @app.block_action(EDIT_ACTION)
@@ -438,7 +438,7 @@ def register(app: AsyncApp, ctx: BotContext, actions: GateActions) -> None:
         await ack()
         external = is_external(body, home_team(body, context))
         async with ctx.busy():
-            await _guard(ctx, body, respond, edits.clicked(body, respond, external=external))
+            await guard(ctx, body, respond, edits.clicked(body, respond, external=external))
 
     @app.view(EDIT_CALLBACK)
     @at_ack(ctx)

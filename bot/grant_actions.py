@@ -23,21 +23,21 @@ from agent_core.script_replies import RevokeOutcome
 
 from . import cards, grant_view
 from .acking import FormAnswer, answer_form, at_ack
-from .actions import (
+from .actions import GateActions
+from .clicks import (
     UNKNOWN_GATE,
-    GateActions,
-    _action_value,
-    _channel,
-    _guard,
-    _user_id,
+    action_value,
     already_decided,
+    channel_of,
+    guard,
     home_team,
     is_external,
     mismatch,
     tell,
-    told_late,
+    user_id_of,
 )
 from .context import BotContext
+from .durable_acks import told_late
 from .publisher import slack_error
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class GrantActions:
         if loaded is None:
             return
         user_id, gate, clicked_hash = loaded
-        channel = _channel(body)
+        channel = channel_of(body)
         why = await self._why_not(user_id, gate, external)
         if why is not None:
             await tell(self.ctx, user_id, why, channel=channel, respond=respond)
@@ -111,7 +111,7 @@ class GrantActions:
     ) -> None:
         """The modal's submission: ``answer`` closes the modal (the decision is durable, or
         there is nothing to decide: the person is told privately) or shows its errors."""
-        user_id = _user_id(body)
+        user_id = user_id_of(body)
         view = body.get("view") if isinstance(body.get("view"), dict) else {}
         assert isinstance(view, dict)
         try:
@@ -205,7 +205,7 @@ class GrantActions:
 
     async def revoke(self, body: dict[str, Any], respond: Any, *, external: bool) -> None:
         """Revoke: checked like Deny on the call that made the grant."""
-        user_id, grant_id, channel = _user_id(body), _action_value(body), _channel(body)
+        user_id, grant_id, channel = user_id_of(body), action_value(body), channel_of(body)
         if user_id is None or not grant_id:
             return
         grant = await self.ctx.gateway.grants.get(grant_id)
@@ -247,7 +247,7 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         await ack()
         external = is_external(body, home_team(body, context))
         async with ctx.busy():
-            await _guard(ctx, body, respond, grants.clicked(body, respond, external=external))
+            await guard(ctx, body, respond, grants.clicked(body, respond, external=external))
 
     @app.view(grant_view.GRANT_CALLBACK)
     @at_ack(ctx)
@@ -271,4 +271,4 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         await ack()
         external = is_external(body, home_team(body, context))
         async with ctx.busy():
-            await _guard(ctx, body, respond, grants.revoke(body, respond, external=external))
+            await guard(ctx, body, respond, grants.revoke(body, respond, external=external))

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from agent_core import GateStatus, RunStatus
 from agent_core.testing import FakeOpenAI, call, reply
-from bot import actions, cards, edit_view, grant_actions, grant_view
+from bot import cards, clicks, durable_acks, edit_view, grant_actions, grant_view
 from tests.bot import test_edit_cards, test_grant_cards
 from tests.bot.conftest import (
     APPROVER,
@@ -74,7 +74,7 @@ async def test_a_stalled_approval_is_acked_and_the_approver_told_until_it_lands(
     acked_after = loop.time() - t0
     assert resp.status == 200 and acked_after < 3.0, f"Slack needs its ack: {acked_after:.2f} s"
     (warning,) = await fake.wait_for(lambda f: f.responses("stalled"), what="the warning")
-    assert warning.args["text"] == actions.NOT_RECORDED_YET.format(what="approval")
+    assert warning.args["text"] == durable_acks.NOT_RECORDED_YET.format(what="approval")
     assert (
         warning.args["response_type"] == "ephemeral" and warning.args["replace_original"] is False
     )
@@ -89,7 +89,7 @@ async def test_a_stalled_approval_is_acked_and_the_approver_told_until_it_lands(
         return f.responses("stalled") if len(f.responses("stalled")) >= 2 else []
 
     _, recorded = await fake.wait_for(two, timeout=10, what="the all-clear")
-    assert recorded.args["text"] == actions.RECORDED_NOW.format(what="approval")
+    assert recorded.args["text"] == durable_acks.RECORDED_NOW.format(what="approval")
     assert (await finished(live, run_id)).status is RunStatus.COMPLETED
     await live.wait_card(gate.gate_id, "Executed")
     assert journal_lines(journal) == ["delete_user:60"]
@@ -120,9 +120,9 @@ async def test_a_stalled_denial_keeps_the_form_open_saying_so(
     assert resp.status == 200 and loop.time() - t0 < 3.0
     assert resp.json() == {
         "response_action": "errors",
-        "errors": {cards.REASON_BLOCK: actions.NOT_RECORDED_FORM},
+        "errors": {cards.REASON_BLOCK: durable_acks.NOT_RECORDED_FORM},
     }, "the form stays open and says the denial is not recorded"
-    assert "could not be recorded" in actions.NOT_RECORDED_FORM
+    assert "could not be recorded" in durable_acks.NOT_RECORDED_FORM
     pending = await live.gateway.get_gate(gate.gate_id)
     assert pending is not None and pending.status is GateStatus.PENDING
 
@@ -132,7 +132,7 @@ async def test_a_stalled_denial_keeps_the_form_open_saying_so(
         return [
             c
             for c in f.calls_to("chat.postEphemeral")
-            if c.args["text"].startswith(actions.RECORDED_NOW.format(what="denial"))
+            if c.args["text"].startswith(durable_acks.RECORDED_NOW.format(what="denial"))
         ]
 
     (told,) = await fake.wait_for(recorded, timeout=10, what="the all-clear")
@@ -179,7 +179,7 @@ async def test_a_stalled_approval_that_finally_fails_says_so(
             return f.responses("doomed") if len(f.responses("doomed")) >= 2 else []
 
         _, failed = await fake_slack.wait_for(two, timeout=20, what="the failure notice")
-        assert failed.args["text"] == actions.UNAVAILABLE
+        assert failed.args["text"] == clicks.UNAVAILABLE
         assert "nothing was decided" in failed.args["text"]
         assert journal_lines(journal) == []
     finally:
@@ -195,7 +195,7 @@ def recorded_now(f: FakeSlack) -> list[Any]:
         c
         for c in f.calls_to("chat.postEphemeral")
         if c.args["text"]
-        == actions.RECORDED_NOW.format(what="approval") + " You can close the form."
+        == durable_acks.RECORDED_NOW.format(what="approval") + " You can close the form."
     ]
 
 

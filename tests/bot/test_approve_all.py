@@ -13,7 +13,7 @@ from typing import Any
 
 from agent_core import Gate, GateStatus, RunStatus
 from agent_core.testing import FakeOpenAI, calls, reply
-from bot import actions, cards
+from bot import cards, durable_acks, turn_actions
 from tests.bot.conftest import (
     APPROVER,
     APPROVER2,
@@ -149,10 +149,10 @@ async def test_outsiders_self_approval_and_forged_values_decide_nothing(
     ]
     for i, v in enumerate(forged):
         assert await click(cards.TURN_APPROVE_ACTION, v, APPROVER, f"forged{i}") == (
-            actions.UNKNOWN_TURN
+            turn_actions.UNKNOWN_TURN
         )
     assert await click(cards.TURN_DENY_ACTION, forged[0], APPROVER, "forged-deny") == (
-        actions.UNKNOWN_TURN
+        turn_actions.UNKNOWN_TURN
     )
     forged_form = json.dumps({"turn": forged[0], "channel": CHANNEL})
     resp = await live.client.view_submission(
@@ -160,7 +160,7 @@ async def test_outsiders_self_approval_and_forged_values_decide_nothing(
     )
     assert resp.status == 200
     (r,) = await fake.wait_for(lambda f: f.calls_to("chat.postEphemeral"))
-    assert r.args["text"] == actions.UNKNOWN_TURN and r.args["user"] == APPROVER
+    assert r.args["text"] == turn_actions.UNKNOWN_TURN and r.args["user"] == APPROVER
     assert not fake.calls_to("views.open"), "no deny form for an outsider or a forged value"
     assert [g.status for g in await live.gateway.gates(run_id)] == [GateStatus.PENDING] * 3
     assert cards.TURN_APPROVE_ACTION in str(live.fake.message(CHANNEL, msg.ts).blocks)  # type: ignore[union-attr]
@@ -280,9 +280,9 @@ async def test_approve_all_is_acked_within_the_budget_when_redis_stalls(
 
     texts = await live.fake.wait_for(lambda f: len(said(f)) >= 3 and said(f), timeout=10)
     assert texts == [
-        actions.NOT_RECORDED_YET.format(what="*Approve all*"),
+        durable_acks.NOT_RECORDED_YET.format(what="*Approve all*"),
         "✅ You approved 3 calls: `delete_user`, `delete_user`, `delete_user`.",
-        actions.RECORDED_NOW.format(what="*Approve all*"),
+        durable_acks.RECORDED_NOW.format(what="*Approve all*"),
     ]
     assert (await finished(live, run_id)).status is RunStatus.COMPLETED
     assert sorted(journal_lines(journal)) == ["delete_user:7", "delete_user:8", "delete_user:9"]

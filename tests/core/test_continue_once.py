@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent_core import ContinueOutcome, InvalidState, RunStatus, gateway
+from agent_core import ContinueOutcome, InvalidState, RunStatus, run_control
 from agent_core.testing import FakeOpenAI, call, reply
 from tests.core.harness import Harness
 
@@ -70,7 +70,7 @@ async def test_a_retried_call_gets_its_own_outcome_back(
     run = await gw.start_run("count", requested_by="U1")
     await harness.wait_finished(run.run_id)
     # A retry after a lost reply sends the same script and arguments: the same token.
-    monkeypatch.setattr(gateway.secrets, "token_hex", lambda n: "0123456789abcdef")
+    monkeypatch.setattr(run_control.secrets, "token_hex", lambda n: "0123456789abcdef")
     for _ in range(2):
         got = await gw.continue_run(run.run_id, "go on", by="U1", dedupe_key="msg:C1:3.5")
         assert got is ContinueOutcome.STARTED
