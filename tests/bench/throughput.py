@@ -404,6 +404,7 @@ _LIBS = [
         "OpenAI SDK + HTTP client (request transform, httpx, parsing)",
         ("openai/", "httpx", "httpcore", "anyio/", "h11/"),
     ),
+    ("aiohttp (the model's HTTP client)", ("aiohttp/", "yarl/", "multidict/")),
     ("pydantic", ("pydantic",)),
     ("json", ("json/",)),
     ("logging", ("logging/",)),
