@@ -41,12 +41,20 @@ def encode_shard(shard: int) -> str:
     return _B36[shard // 36] + _B36[shard % 36]
 
 
+# Every two-character code (any case) and its shard: a look-up, as it runs for every key a
+# script names.
+_SHARD_CODES: dict[str, int] = {
+    a + b: hi * 36 + lo
+    for hi, h in enumerate(_B36)
+    for lo, low in enumerate(_B36)
+    for a in dict.fromkeys((h, h.upper()))
+    for b in dict.fromkeys((low, low.upper()))
+}
+
+
 def decode_shard(text: str) -> int | None:
     """The shard two base-36 characters stand for (any case), or None."""
-    if len(text) != 2:
-        return None
-    hi, lo = _B36.find(text[0].lower()), _B36.find(text[1].lower())
-    return None if hi < 0 or lo < 0 else hi * 36 + lo
+    return _SHARD_CODES.get(text)
 
 
 def key_slot(tag: str) -> int:

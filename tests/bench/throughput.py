@@ -404,6 +404,7 @@ _LIBS = [
         "OpenAI SDK + HTTP client (request transform, httpx, parsing)",
         ("openai/", "httpx", "httpcore", "anyio/", "h11/"),
     ),
+    ("aiohttp (the model's HTTP client)", ("aiohttp/", "yarl/", "multidict/")),
     ("pydantic", ("pydantic",)),
     ("json", ("json/",)),
     ("logging", ("logging/",)),
@@ -446,11 +447,11 @@ def parse_profile(raw: str) -> Profile:
     incl: Counter[str] = Counter()
     watch = {
         "Worker._handle": "job handling (Worker._handle)",
-        "Runner._model_turn": "  model turn (Runner._model_turn)",
-        "AsyncCompletions.create": "    of which chat.completions.create (model client)",
-        "Runner._tools_turn": "  tools turn (Runner._tools_turn)",
-        "Runner._open_gates": "    of which opening gates",
-        "Runner._execute": "    of which claim + tool + record result",
+        "ModelTurn._model_turn": "  model turn (ModelTurn._model_turn)",
+        "ModelEndpoint.post": "    of which the model's HTTP request (ModelEndpoint.post)",
+        "ToolsTurn._tools_turn": "  tools turn (ToolsTurn._tools_turn)",
+        "ToolCalls._open_gates": "    of which opening gates",
+        "ToolsTurn._run_batch": "    of which the batch: tool + result",
         "StreamConsumer.read": "reading jobs (XREADGROUP, XAUTOCLAIM)",
         "Worker._sweep_forever": "expiry sweeper",
     }
@@ -574,6 +575,9 @@ async def _profile(
     if proc.returncode != 0 or not raw_file.exists():
         msg = err.decode(errors="replace").strip().splitlines()
         return Profile(0, [], [], [], error=f"py-spy failed: {msg[0] if msg else proc.returncode}")
+    keep = os.environ.get("BENCH_KEEP_PROFILE")  # a path: the raw py-spy samples, kept
+    if keep:
+        shutil.copyfile(raw_file, keep)
     return parse_profile(raw_file.read_text())
 
 
