@@ -12,7 +12,6 @@ from redis.exceptions import ConnectionError, RedisError, TimeoutError
 
 from .cluster_client import DEFAULT_FAILOVER_WINDOW, FailoverCluster
 from .exceptions import ConfigError
-from .redis_sockets import timely
 from .streams import is_cluster
 
 
@@ -37,8 +36,6 @@ def create_redis(url: str, *, socket_timeout: float = 10.0, max_connections: int
         retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=3),
         retry_on_error=[ConnectionError, TimeoutError],
     )
-    # Sends bounded without a task each (agent_core.redis_sockets).
-    pool.connection_class = timely(pool.connection_class)
     return Redis.from_pool(pool)
 
 

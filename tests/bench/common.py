@@ -38,8 +38,6 @@ from openai import AsyncOpenAI
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 
-from agent_core.redis_sockets import TimelyConnection
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -134,11 +132,9 @@ def command_names(packed: bytes) -> list[str]:
 def count_traffic(client: Redis, traffic: Traffic) -> Redis:
     """Make every connection of ``client`` (not yet connected) count into ``traffic``."""
     pool = client.connection_pool
-    base = pool.connection_class
-    if base not in (Connection, TimelyConnection):
-        raise TypeError(f"cannot count traffic over {base.__name__}")
-    bases = (_CountingConnection,) if base is Connection else (_CountingConnection, base)
-    pool.connection_class = type("CountingConnection", bases, {"traffic": traffic})
+    if pool.connection_class is not Connection:
+        raise TypeError(f"cannot count traffic over {pool.connection_class.__name__}")
+    pool.connection_class = type("CountingConnection", (_CountingConnection,), {"traffic": traffic})
     return client
 
 
