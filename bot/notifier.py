@@ -195,11 +195,11 @@ class Notifier:
         and its ``tool.executed`` often arrive together then). If that later event fails,
         it is delivered again and its update still shows both.
         """
-        ok: set[str] = set()
+        ok: set[tuple[str, str]] = set()
 
         def done(event: Event, success: bool) -> None:
             if success:
-                ok.add(event.id)
+                ok.add((event.stream, event.id))
 
         lanes = _Lanes(
             self, asyncio.Semaphore(self.concurrency), done, asyncio.Event(), retry=False
@@ -209,7 +209,7 @@ class Notifier:
             await lanes.drain()
         finally:
             await lanes.close()
-        return [e for e in events if e.id in ok]
+        return [e for e in events if (e.stream, e.id) in ok]
 
     async def handle_safely(
         self, event: Event, *, skip_gate: bool = False, skip_run: bool = False
@@ -463,7 +463,9 @@ class _Lanes:
         self.retry_pauses = RETRY_PAUSES if retry else ()
         self._lanes: dict[str, _Lane] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._held: dict[str, tuple[float, Event]] = {}  # id → (when read, event)
+        # (stream, id) → (when read, event): ids are per stream, and two shards' streams
+        # often give the same id to entries added in the same millisecond.
+        self._held: dict[tuple[str, str], tuple[float, Event]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._room = asyncio.Event()
@@ -479,9 +481,9 @@ class _Lanes:
 
     def add(self, events: list[Event]) -> None:
         for event in events:
-            if event.id in self._held:
+            if (event.stream, event.id) in self._held:
                 continue  # already in a lane (claimed back from this very consumer)
-            self._held[event.id] = (time.monotonic(), event)
+            self._held[event.stream, event.id] = (time.monotonic(), event)
             key = _thread_of(event)
             lane = self._lanes.get(key)
             if lane is None:
@@ -514,14 +516,14 @@ class _Lanes:
                     event = lane.events[0]
                     ok = await self._one(event, lane)
                     lane.pop()
-                    self._held.pop(event.id, None)
+                    self._held.pop((event.stream, event.id), None)
                     self._room.set()
                     self.done(event, ok)
         finally:
             # Cancelled (or broken): what is left stays pending in Redis, untouched from now
             # on, and is delivered again.
             for event in lane.events:
-                self._held.pop(event.id, None)
+                self._held.pop((event.stream, event.id), None)
             self._lanes.pop(key, None)
             self._tasks.pop(key, None)
             if not self._tasks:

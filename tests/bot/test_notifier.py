@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -566,3 +567,51 @@ async def test_the_web_process_stops_promptly_while_it_is_posting_cards(
     started = loop.time()
     await live.server.stop()
     assert loop.time() - started < 5, "the stop waited for a task that never ends"
+
+
+async def test_events_of_two_shards_with_the_same_id_are_both_handled_and_acknowledged(
+    bot: BotHarness,
+) -> None:
+    """Each shard has its own stream, and two streams give the same id to entries added in
+    the same millisecond. Both are handled and acknowledged at once: keyed by id alone, the
+    second was taken for one already held and sat pending until it was claimed back (30 s)."""
+    ctx = bot.server.context
+    by_shard = {shard: bot.keys.new_run_id(shard) for shard in (0, 1)}
+    same_id = f"{int(time.time() * 1000) + 60_000}-0"  # later than any id already there
+    streams = []
+    for shard, run_id in by_shard.items():
+        stream = bot.keys.events(shard)
+        streams.append(stream)
+        origin = {"channel": CHANNEL, "thread_ts": f"1.{shard}"}
+        fields = {"type": "run.started", "run_id": run_id, "data": json.dumps({"origin": origin})}
+        assert await bot.redis.xadd(stream, fields, id=same_id) == same_id
+    seen: list[tuple[str, str]] = []
+
+    class Probe(Notifier):
+        async def handle(self, event: Any, **kw: Any) -> None:
+            if event.id == same_id:
+                seen.append((event.stream, event.run_id))
+
+    probe = Probe(bot.gateway, ctx.publisher, ctx.store, consumer="probe", group="same-ids")
+    stop = asyncio.Event()
+    task = asyncio.create_task(probe.run(stop))
+    try:
+
+        async def both_seen() -> bool:
+            return len(seen) == 2
+
+        await wait_until(both_seen, timeout=5)
+
+        async def pending() -> int:
+            counts = [(await bot.redis.xpending(s, "same-ids"))["pending"] for s in streams]
+            return sum(int(c) for c in counts)
+
+        for _ in range(50):
+            if await pending() == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert await pending() == 0, "both entries acknowledged"
+    finally:
+        stop.set()
+        await task
+    assert sorted(seen) == sorted(zip(streams, by_shard.values(), strict=True))
