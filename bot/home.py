@@ -152,7 +152,10 @@ class HomeFeed:
             gate = await self.gateway.get_gate(gate_id) if viewers else None
             if gate is not None and _from_slack(gate):
                 due.update([u for u in viewers if await self._may(u, gate) is not None])
-            self.touch(due)
+            # Only the views of people who open Home are kept fresh: a decider who never
+            # did gets theirs (with this decision) when they first open it. Rendering a view
+            # reads every shard's pending gates, so this is most of a busy web's Home work.
+            self.touch(due.intersection(viewers))
         except Exception as exc:  # Home is best effort: the event's own work goes on
             log.warning("Home not refreshed for event %s: %s", event.id, type(exc).__name__)
 

@@ -395,3 +395,25 @@ async def test_a_view_rendered_from_older_gates_never_overwrites_a_newer_one(
     await asyncio.sleep(slow.interval + 0.5)
     view = await home_lacks(live, APPROVER, f"home:{gate.gate_id}")
     assert "✅ Approved" in text_of(view) and "Waiting for your decision (0)" in text_of(view)
+
+
+async def test_a_decider_who_never_opened_home_gets_their_view_when_they_open_it(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """Only the views of people who open Home are kept fresh (rendering one reads every
+    shard's pending gates: the Slack bench's web spent 14% of its CPU on views nobody looked
+    at). A card click by someone who never opened Home publishes nothing; their first look
+    shows the decision."""
+    await open_home(live, APPROVER2)
+    gate = await gated(live, fake_openai, "delete user 7 from the card", REQUESTER)
+    await home_shows(live, APPROVER2, "delete_user")
+    await live.client.action(cards.APPROVE_ACTION, cards.button_value(gate), user_id=APPROVER)
+    await status_is(live, gate.run_id, RunStatus.COMPLETED)
+    await home_lacks(live, APPROVER2, f"home:{gate.gate_id}")  # the viewer's view follows
+    await asyncio.sleep(1.2)  # past the 1 s lease: a publish due would have happened
+    to_decider = [c for c in live.fake.calls_to("views.publish") if c.args["user_id"] == APPROVER]
+    assert to_decider == []
+
+    await open_home(live, APPROVER)
+    view = await home_shows(live, APPROVER, "✅ Approved")
+    assert "Waiting for your decision (0)" in text_of(view)
