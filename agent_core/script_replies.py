@@ -37,7 +37,10 @@ class Began:
     read: ModelRead | None = None
 
     @classmethod
-    def of(cls, reply: list[Any]) -> Began:
+    def of(cls, reply: list[Any], history: list[str] | None = None) -> Began:
+        """``history``: the run's, read after the script (needed when it read for the model:
+        :attr:`needs_history` says so when it was not read)."""
+
         def at(i: int) -> Any:
             return reply[i] if len(reply) > i else None
 
@@ -51,7 +54,7 @@ class Began:
                 if h.get("gate_id"):
                     gates[h["gate_id"]] = h
         claimed = frozenset(text(c) for c in at(4) or ())
-        read = ModelRead.of(reply[5]) if at(5) else None
+        read = ModelRead.of(reply[5], history or []) if at(5) else None
         return cls(text(reply[0]), run, turn, gates, claimed, read)
 
 
@@ -88,8 +91,9 @@ class ModelRead:
     history: list[str]
 
     @classmethod
-    def of(cls, reply: list[Any]) -> ModelRead:
-        fence, until, turn, phase, now, *history = reply
+    def of(cls, reply: list[Any], history: list[str]) -> ModelRead:
+        """From the script's reply and the history read right after it."""
+        fence, until, turn, phase, now = reply
         return cls(fence, float(until or 0), turn, phase, now, history)
 
 

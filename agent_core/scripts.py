@@ -75,15 +75,17 @@ def _flat(fields: dict[str, str] | Sequence[str]) -> list[str]:
     return list(fields)
 
 
-def _step(reply: Any) -> Step:
-    """RECORD_TURN's or FINISH_TURN's reply as a :class:`Step`."""
+def _step(reply: Any, history: list[str] | None = None) -> Step:
+    """RECORD_TURN's or FINISH_TURN's reply as a :class:`Step` (``history``: FINISH_TURN's
+    read, the LRANGE after it)."""
     if reply == "lost" or (isinstance(reply, list) and reply[:1] == ["lost"]):
         return Step(lost=True)
     if not reply:
         return Step()
     if reply[:1] == ["read"]:
         n = int(reply[1])
-        return Step(run=pairs(reply[2 : 2 + n]), read=ModelRead.of(reply[2 + n :]))
+        read = ModelRead.of(reply[2 + n :], history or [])
+        return Step(run=pairs(reply[2 : 2 + n]), read=read)
     if reply[:1] == ["recorded"]:
         opened = OpenOutcome(text(reply[1])) if reply[1] else None
         turn, gates = None, None
@@ -191,10 +193,17 @@ class Scripts(ScriptSet):
         elif attempt:
             args += ["", "", attempt]
         reached = -1
+        history: list[str] | None = None
         if replicas > 0 and batch and turn is not None:
             res, reached = await eval_replicated(
                 self.redis, self.source("acquire_lease"), keys, args, replicas, wait_ms
             )
+        elif begin_agent is not None and turn is None:
+            # A job without a turn finds its run in phase `model`: the history is read in
+            # the same round trip, right after the script. Not atomic with it, and it need
+            # not be: while this lease holds, only its holder writes the history, and a
+            # holder that lost it between the two reads fails its next fenced write.
+            res, history = await self._run_then_lrange("acquire_lease", keys, args, keys[2])
         else:
             res = await self._run("acquire_lease", keys, args)
         status = LeaseStatus(res[0])
@@ -202,7 +211,13 @@ class Scripts(ScriptSet):
             return Lease(status, busy_for=float(res[1]))
         if status is LeaseStatus.MISSING:
             return Lease(status)
-        began = Began.of(res[3]) if len(res) > 3 else None
+        began = None
+        if len(res) > 3:
+            if history is None and res[3][5:6] and res[3][5]:
+                # A resume job found its run in phase `model` (its turn was recorded by an
+                # earlier attempt): the history costs one more round trip here.
+                history = await self.redis.lrange(keys[2], 0, -1)
+            began = Began.of(res[3], history)
         return Lease(status, str(res[1]), res[2], began=began, replicas=reached)
 
     async def renew_lease(self, run_id: str, fence: str, lease_ms: int) -> bool:
@@ -255,7 +270,8 @@ class Scripts(ScriptSet):
         """READ_FOR_MODEL: the lease as it stands and the history (the inbox moved in)."""
         k = self.keys
         keys = [k.run(run_id), k.history(run_id), k.authors(run_id), k.run_inbox(run_id)]
-        return ModelRead.of(await self._run("read_for_model", keys, [fence]))
+        reply, history = await self._run_then_lrange("read_for_model", keys, [fence], keys[1])
+        return ModelRead.of(reply, history)
 
     async def record_turn(
         self,
@@ -333,7 +349,13 @@ class Scripts(ScriptSet):
                 at = gate_at.setdefault(r.gate_id, len(gate_at) + 1)
             args += [r.call_id, r.result, r.event, r.outcome, at]
         keys += [k.gate(g) for g in gate_at]
-        return _step(await self._run("finish_turn", keys, [*args, *tool_messages]))
+        if not read:
+            return _step(await self._run("finish_turn", keys, [*args, *tool_messages]))
+        # The history in the same round trip, right after the script (see acquire_lease).
+        reply, history = await self._run_then_lrange(
+            "finish_turn", keys, [*args, *tool_messages], keys[1]
+        )
+        return _step(reply, history)
 
     # --- calls -----------------------------------------------------------------------------
     def _claim(

@@ -1,6 +1,7 @@
 -- ACQUIRE_LEASE: take the lease of a run and, with events_key, begin it too (BEGIN_RUN's
 -- step) and read what the job's first step needs, in the same round trip:
--- * a run in phase `model`: READ_FOR_MODEL's reply (the history for the model call);
+-- * a run in phase `model`: READ_FOR_MODEL's reply (the history for the model call is read
+--   by the LRANGE the caller pipelines after this script);
 -- * a resume job names the turn it resumes: with turn_key, when the run is still at that
 --   turn in phase `tools`, that turn's hash and the hashes of the gates named (the job
 --   carries them: DECIDE_GATE copies the run's `open_gates`), and, with a batch rule, the

@@ -13,7 +13,7 @@
 --   audit entry: executed | failed | in_doubt), its gate hash's position among the gate
 --   KEYS (1-based; 0 for a call without gate); then the tool messages' JSON
 -- Returns: the run hash (flat list), or with read {'read', n, the run hash's n values,
---   READ_FOR_MODEL's reply...}; 0 when the run is not running at that turn in phase
+--   READ_FOR_MODEL's reply...} (the history: the LRANGE the caller pipelines after it); 0 when the run is not running at that turn in phase
 --   `tools`; 'lost' (status reply) when the lease is not the caller's. A retry after this
 --   fence closed that turn (the first reply lost) gets the same kind of reply again; a
 --   result already recorded (not `claimed`) is not recorded again.

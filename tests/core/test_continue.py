@@ -145,6 +145,27 @@ async def lease(scripts: Scripts, run_id: str, ms: int = 60_000) -> str:
     return res.fence
 
 
+async def test_the_history_read_after_a_script_survives_an_emptied_script_cache(
+    observer: Harness, redis: Redis
+) -> None:
+    """READ_FOR_MODEL's history comes from an LRANGE pipelined after the script. A server
+    that lost its scripts (restarted, a replica just promoted) answers the EVALSHA with
+    NOSCRIPT: the pair is sent again with the script whole, and the read is the same."""
+    gw, k = observer.gateway, observer.keys
+    run = await gw.start_run("cache", requested_by="U1")
+    rid = run.run_id
+    await redis.hset(k.run(rid), mapping={"status": "running"})
+    assert await gw.continue_run(rid, "queued", by="U2") is ContinueOutcome.QUEUED
+    scripts = Scripts(redis, k)
+    fence = await lease(scripts, rid)
+    await scripts.read_for_model(rid, "0")  # registered and cached once
+    await redis.script_flush()
+    out = await scripts.read_for_model(rid, fence)
+    assert [json.loads(m)["content"] for m in out.history] == ["cache", "queued"]
+    assert out.fence == fence and out.phase == "model"
+    assert await redis.llen(k.run_inbox(rid)) == 0
+
+
 async def test_queued_messages_move_only_under_a_current_lease(
     observer: Harness, redis: Redis
 ) -> None:

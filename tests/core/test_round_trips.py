@@ -1,11 +1,13 @@
 """The round trips of a pause and of a resume, pinned (issue 21's floor): the worker's
 commands for a turn that asks two gated calls, both approved, counted on a real Redis.
 
-* pause: the stream read, ACQUIRE_LEASE (lease, begin, the history read), the model call,
-  RECORD_TURN (the turn recorded, its gates opened, the job finished);
+* pause: the stream read, ACQUIRE_LEASE (lease, begin; the history read by an LRANGE in
+  the same pipeline), the model call, RECORD_TURN (the turn recorded, its gates opened,
+  the job finished);
 * resume: the stream read, ACQUIRE_LEASE (lease, the turn and its gates read, both calls
-  claimed), the tools run together, FINISH_TURN (their results, the history read), the
-  model call, RECORD_TURN (the answer, the run finished, the job finished).
+  claimed), the tools run together, FINISH_TURN (their results; the history read by an
+  LRANGE in the same pipeline), the model call, RECORD_TURN (the answer, the run finished,
+  the job finished).
 """
 
 from __future__ import annotations
@@ -31,17 +33,24 @@ from tests.core.test_script_files import script_names
 
 def _recording(log: list[str], names: dict[str, str]) -> type[Connection]:
     class Recording(Connection):
+        piped: list[str] | None = None
+
         def pack_command(self, *args: Any) -> Any:
             name = str(args[0]).upper()
             if name in ("EVALSHA", "EVAL"):
                 sha = args[1] if name == "EVALSHA" else hashlib.sha1(str(args[1]).encode())
                 name = names.get(sha if isinstance(sha, str) else sha.hexdigest(), name)
-            log.append(name)
+            (log if self.piped is None else self.piped).append(name)
             return super().pack_command(*args)
 
         def pack_commands(self, commands: Any) -> Any:
-            log.append("PIPELINE")
-            return super().pack_commands(commands)
+            # One round trip: its commands joined by "+".
+            self.piped = []
+            try:
+                return super().pack_commands(commands)
+            finally:
+                log.append("+".join(self.piped))
+                self.piped = None
 
     return Recording
 
@@ -114,13 +123,18 @@ async def test_a_pause_takes_3_round_trips_and_a_resume_4_on_the_worker(
         run = await gw.start_run("two deletes", requested_by="U1")
 
         pause = await w.job()
-        assert pause == ["XREADGROUP", "acquire_lease", "record_turn"], pause
+        assert pause == ["XREADGROUP", "acquire_lease+LRANGE", "record_turn"], pause
         got = await gw.get_run(run.run_id)
         assert got is not None and got.status is RunStatus.AWAITING_APPROVAL
         await w.approve_all(redis, run.run_id)
 
         resume = await w.job()
-        assert resume == ["XREADGROUP", "acquire_lease", "finish_turn", "record_turn"], resume
+        assert resume == [
+            "XREADGROUP",
+            "acquire_lease",
+            "finish_turn+LRANGE",
+            "record_turn",
+        ], resume
         done = await gw.get_run(run.run_id)
         assert done is not None and done.status is RunStatus.COMPLETED and done.final == "Done."
         assert sorted(read_journal(str(journal))) == ["delete_user:1", "delete_user:2"]
@@ -150,7 +164,7 @@ async def test_a_mixed_turn_runs_its_ungated_call_first_then_pauses(
         pause = await w.job()
         assert pause == [
             "XREADGROUP",
-            "acquire_lease",
+            "acquire_lease+LRANGE",
             "record_turn",
             "claim_call",
             "complete_call",
@@ -159,7 +173,12 @@ async def test_a_mixed_turn_runs_its_ungated_call_first_then_pauses(
         ], pause
         await w.approve_all(redis, run.run_id)
         resume = await w.job()
-        assert resume == ["XREADGROUP", "acquire_lease", "finish_turn", "record_turn"], resume
+        assert resume == [
+            "XREADGROUP",
+            "acquire_lease",
+            "finish_turn+LRANGE",
+            "record_turn",
+        ], resume
         assert read_journal(str(journal)) == ["lookup:a", "delete_user:3"]
     finally:
         await w.close()
@@ -193,11 +212,11 @@ async def test_gates_a_rule_decides_are_not_read_back(
         per_call = ["claim_call", "complete_call"]
         assert whole == [
             "XREADGROUP",
-            "acquire_lease",
+            "acquire_lease+LRANGE",
             "record_turn",
             *per_call,
             *per_call,
-            "finish_turn",
+            "finish_turn+LRANGE",
             "record_turn",
         ], whole
         done = await w.gateway.get_run(run.run_id)
