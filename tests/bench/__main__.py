@@ -92,7 +92,7 @@ Windows (`time.perf_counter`). **pause** = model turn 1's answer received → th
 durable (ours: the worker's job finished: gates opened, run `awaiting_approval`, job
 acknowledged, lease released; SDK: `SET` returned; LangGraph: `ainvoke` returned the
 interrupts). **resume** = the first approval made → the final answer, minus model turn 2:
-it includes reading the history back from Redis (ours: one script doing `LRANGE`; the stored
+it includes reading the history back from Redis (ours: an `LRANGE` pipelined after a script; the stored
 JSON of each message is joined into the request body as it is, never decoded; SDK: `GET` +
 `from_json`; LangGraph: the saver's reads and decoding). **full cycle** =
 pause + resume. The model call is timed where each system calls its model and excluded for

@@ -285,7 +285,7 @@ def target_lines(res: PauseResults) -> list[str]:
         lines.append(
             f"- Where ours' time goes: from {lo:,} to {hi:,} pairs our resume grows by "
             f"{ms(grew)} ms ({ms(med('resume', lo))} → {ms(med('resume', hi))}): reading the "
-            f"history once (one `LRANGE` in a script) and joining the stored JSON into the "
+            f"history once (an `LRANGE` pipelined after a script) and joining the stored JSON into the "
             f"request body, never decoded. The same work before model turn 1 (the prep "
             f"window, not in the cycle) grows by {ms(read)} ms. The rest of the cycle "
             f"({ms(med('cycle', lo))} ms at {lo:,} pairs) is fixed: round trips, Lua "

@@ -197,7 +197,7 @@ async def profile_cycle(ours: Ours, n: int, reps: int) -> CycleProfile:
             t2 = time.perf_counter()
             start()
             for gate in gates:
-                assert (await ours.gateway.decide(gate.gate_id, Decision.APPROVE, by="U")).applied
+                assert (await ours.gateway.decide(gate, Decision.APPROVE, by="U")).applied
             t4 = await ours._job_done()
             await close_server()
             first, second = clock.within(t0, t1), clock.within(t2, t4)
