@@ -47,6 +47,7 @@ from .ports import GatewayLike
 from .store import (
     CARD_NS,
     NOTE_NS,
+    RUN_NS,
     TURN_NS,
     CardRecord,
     Held,
@@ -514,9 +515,26 @@ class Publisher:
         d = digest(card)
         if rec.digest == d:
             return None
-        resp = await self._call(
-            "chat_update", channel=channel, ts=ts, text=card.text, blocks=card.blocks
-        )
+        try:
+            resp = await self._client(False).chat_update(
+                channel=channel, ts=ts, text=card.text, blocks=card.blocks
+            )
+        except Exception as exc:
+            if slack_error(exc) not in STALE_ERRORS:
+                self._failed("chat_update", exc)  # raises when it may pass
+                return None
+            # The app is out of the channel: shown again once it is back (bot/rejoin.py),
+            # else the root message would say the run is still waiting, for good.
+            log.warning(
+                "run %s in %s: Slack refused its root message's update (%s); it is shown"
+                " again once the app is back in the channel",
+                run_id,
+                channel,
+                slack_error(exc),
+            )
+            await self.store.mark_stale(channel, run_id, RUN_NS)
+            self.stale_checked.at.pop(channel, None)
+            return None
         if resp is not None:
             held.write_at_release(self.store.run_key(run_id), {"digest": d})
         return None

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.context.async_context import AsyncBoltContext
 
-from .store import CARD_NS, NOTE_NS, STALE_MAX, TURN_NS
+from .store import CARD_NS, NOTE_NS, RUN_NS, STALE_MAX, TURN_NS
 
 if TYPE_CHECKING:
     from .context import BotContext
@@ -63,6 +63,8 @@ async def refresh_channel(pub: Publisher, channel: str, limit: int | None = None
             ns, _, ident = member.partition(":")
             if ns in (CARD_NS, NOTE_NS):
                 await pub.show_gate(ident)
+            elif ns == RUN_NS:
+                await pub.show_run(ident)
             elif ns == TURN_NS:
                 run_id, _, turn = ident.rpartition(":")
                 if turn.isdigit():

@@ -14,11 +14,11 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_core import Decision, Gate, Keys, RunStatus
-from agent_core.testing import FakeOpenAI
+from agent_core.testing import FakeOpenAI, call, reply
 from bot import cards
-from bot.store import CARD_NS, NOTE_NS, RECORD_TTL_SECONDS, STALE_MAX, Store
+from bot.store import CARD_NS, NOTE_NS, RECORD_TTL_SECONDS, RUN_NS, STALE_MAX, Store
 from tests.agents import FINANCE_CHANNEL
-from tests.bot.conftest import BotHarness, wait_until
+from tests.bot.conftest import APPROVER, CHANNEL, BotHarness, wait_until
 from tests.bot.test_approval_channels import FIN_MEMBER, finished, money, pay, thread_line
 
 __all__ = ["money"]  # the fixture, used by name
@@ -171,3 +171,35 @@ def test_only_the_apps_own_join_counts(event: dict[str, Any], expected: str | No
 
     assert joined_channel(event, "U0BOT") == expected
     assert joined_channel(event, None) is None, "the app's own id unknown: nothing"
+
+
+async def test_the_root_message_shows_the_runs_outcome_once_the_app_is_back(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """The task's own channel: the app removed while a run waits, the run then decided and
+    finished. Slack refuses the root message's update too; it is marked stale like a card
+    and shows the outcome once the app is back (it had kept saying the run was waiting)."""
+    task = "delete user 8 while the app is out"
+    fake_openai.script(task, [call("delete_user", {"user_id": "8"}), reply("not deleted")])
+    run_id = await live.start_task(task)
+    gate = await live.gate_of(run_id)
+    run = await live.gateway.get_run(run_id)
+    assert run is not None
+    root = str(run.origin["thread_ts"])
+    await live.fake.wait_for(lambda f: f.shows(CHANNEL, root, "awaiting approval"))
+    live.fake.remove_bot(CHANNEL)
+    await live.gateway.decide(gate, Decision.DENY, by=APPROVER, reason="no")
+    assert await finished(live, run_id) is RunStatus.COMPLETED
+
+    async def marked() -> bool:
+        marks = [m for m, _ in await store_of(live).stale_cards(CHANNEL)]
+        return f"{RUN_NS}:{run_id}" in marks
+
+    await wait_until(marked)
+    assert live.fake.shows(CHANNEL, root, "awaiting approval"), "Slack kept the old one"
+
+    live.fake.invite_bot(CHANNEL)
+    resp = await live.client.member_joined(CHANNEL, live.fake.bot_user_id)
+    assert resp.status == 200
+    await live.fake.wait_for(lambda f: f.shows(CHANNEL, root, "completed"), what="root shown")
+    assert not live.fake.shows(CHANNEL, root, "awaiting approval")
