@@ -40,7 +40,13 @@ from agent_core.models import Event, EventType, Gate, GateStatus
 
 from . import quorum_view
 from .approvers import Approvers
-from .home_view import MAX_DECISIONS_SHOWN, MAX_PENDING_SHOWN, PendingItem, home_view
+from .home_view import (
+    MAX_DECISIONS_SHOWN,
+    MAX_PENDING_SHOWN,
+    PendingItem,
+    decided_at,
+    home_view,
+)
 from .ports import GatewayLike
 from .publisher import is_transient, slack_error
 from .store import Store
@@ -148,10 +154,14 @@ class HomeFeed:
                 due.add(by)
             if event.type is EventType.GATE_APPROVAL and isinstance(by, str) and by:
                 due.add(by)  # counted: the gate leaves their list (it waits for others)
+                if _is_person(by):  # and is among their decisions
+                    await self._record_decision(by, gate_id, _float(data.get("at")))
             viewers = await self._viewers()
             gate = await self.gateway.get_gate(gate_id) if viewers else None
             if gate is not None and _from_slack(gate):
                 due.update([u for u in viewers if await self._may(u, gate) is not None])
+                # Whoever's approval counted: their decisions show the outcome.
+                due.update(a.by for a in gate.approvals)
             # Only the views of people who open Home are kept fresh: a decider who never
             # did gets theirs (with this decision) when they first open it. Rendering a view
             # reads every shard's pending gates, so this is most of a busy web's Home work.
@@ -213,8 +223,8 @@ class HomeFeed:
                 pipe.zrevrange(self._decided_key(user, shard), 0, MAX_DECISIONS_SHOWN - 1)
             per_shard = await pipe.execute()
         gates = await self.gateway.gates_by_id([g for rows in per_shard for g in rows])
-        mine = [g for g in gates if g.decided_by == user]
-        return sorted(mine, key=lambda g: -(g.decided_at or 0))[:MAX_DECISIONS_SHOWN]
+        mine = [g for g in gates if decided_at(g, user) is not None]
+        return sorted(mine, key=lambda g: -(decided_at(g, user) or 0))[:MAX_DECISIONS_SHOWN]
 
     async def view_for(self, user: str, pending: list[Gate]) -> dict[str, Any]:
         """``user``'s Home view, from the pending gates read for this round."""
@@ -230,7 +240,8 @@ class HomeFeed:
             items.append(PendingItem(gate, item.approve, await self._link(gate)))
         notice = _notice(await self.redis.get(self.keys.ext(NOTICE_NS, user)))
         decided = await self.decisions(user)
-        return home_view(items, decided, notice=notice[0] if notice else None, more=more)
+        notice_text = notice[0] if notice else None
+        return home_view(items, decided, notice=notice_text, more=more, viewer=user)
 
     async def _link(self, gate: Gate) -> str | None:
         """The permalink of the gate's card (chat.getPermalink, once per process), if any."""

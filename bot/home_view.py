@@ -46,9 +46,11 @@ def home_view(
     *,
     notice: str | None = None,
     more: int = 0,
+    viewer: str = "",
 ) -> dict[str, Any]:
-    """The Home view: ``pending`` (soonest deadline first; ``more`` not shown), the person's
-    last ``decided`` gates (newest first), and a ``notice`` for what their last click did."""
+    """The Home view: ``pending`` (soonest deadline first; ``more`` not shown), the last
+    gates ``viewer`` decided or approved towards a quorum (newest first), and a ``notice``
+    for what their last click did."""
     blocks: list[dict[str, Any]] = []
     if notice:
         blocks.append(cards.section(notice))
@@ -63,7 +65,7 @@ def home_view(
     if more:
         blocks.append(cards.context(f"…and {more} more, expiring later."))
     blocks.append(_header("Your last decisions"))
-    lines = [_decided_line(g) for g in decided[:MAX_DECISIONS_SHOWN]]
+    lines = [_decided_line(g, viewer) for g in decided[:MAX_DECISIONS_SHOWN]]
     if not lines:
         blocks.append(cards.context("You have not decided anything yet."))
     for i in range(0, len(lines), LINES_PER_SECTION):
@@ -115,11 +117,32 @@ def _pending_blocks(item: PendingItem) -> list[dict[str, Any]]:
     ]
 
 
-def _decided_line(gate: Gate) -> str:
+def decided_at(gate: Gate, viewer: str) -> float | None:
+    """When ``viewer`` decided ``gate``: the decision, or their approval counted towards its
+    quorum (the gate then decided by whoever completed it, or still waiting); None if
+    neither."""
+    if gate.decided_by == viewer:
+        return gate.decided_at or 0.0
+    for approval in gate.approvals:
+        if approval.by == viewer:
+            return approval.at
+    return None
+
+
+def _decided_line(gate: Gate, viewer: str = "") -> str:
     head = _DONE.get(gate.status, gate.status.value)
+    at = gate.decided_at
+    if viewer and gate.decided_by != viewer and decided_at(gate, viewer) is not None:
+        # Their approval counted towards a quorum someone else completed, or still open.
+        at = decided_at(gate, viewer)
+        head = "👍 You approved" + (
+            f" ({len(gate.approvals)} of {gate.quorum.count}; it waits for more)"
+            if gate.status is GateStatus.PENDING and gate.quorum is not None
+            else f"; then {head}"
+        )
     line = (
         f"{head} {cards.call_summary(gate, 120)} · run `{cards.clip_escaped(gate.run_id, 40)}`"
-        f" · {cards.fmt_date(gate.decided_at)}"
+        f" · {cards.fmt_date(at)}"
     )
     if gate.reason and gate.status is GateStatus.DENIED:
         line += f" · “{cards.clip_escaped(gate.reason, 60)}”"

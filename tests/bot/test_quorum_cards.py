@@ -264,6 +264,30 @@ async def test_home_shows_progress_and_not_to_who_approved_already(
     await qbot.gateway.cancel_run(run_id, by=REQUESTER)
 
 
+async def test_an_approval_counted_towards_a_quorum_is_among_the_approvers_decisions(
+    qbot: BotHarness, fake_openai: FakeOpenAI
+) -> None:
+    """The first approver's Home lists their approval at once (it waits for more), then
+    with the outcome once the second approver completes the quorum; the second's lists
+    their decision as a card click's would be."""
+    fake_openai.script("wire 66666", [call("wire", {"amount": 66666}), reply("ok")])
+    run_id = await qbot.start_task("wire 66666")
+    gate = await qbot.gate_of(run_id)
+    for user in (APPROVER, APPROVER2):
+        await open_home(qbot, user)
+        await home_shows(qbot, user, "You have not decided anything yet")
+    await click(qbot, cards.APPROVE_ACTION, cards.button_value(gate), APPROVER, "first")
+    await home_shows(qbot, APPROVER, "👍 You approved (1 of 2; it waits for more)")
+    second = await qbot.client.action(
+        cards.APPROVE_ACTION, cards.button_value(gate), user_id=APPROVER2
+    )
+    assert second.status == 200, second.text
+    view = await home_shows(qbot, APPROVER, "👍 You approved; then ✅ Approved")
+    assert "66666" in json.dumps(view["blocks"], ensure_ascii=False)
+    other = await home_shows(qbot, APPROVER2, "✅ Approved")
+    assert "You approved" not in json.dumps(other["blocks"], ensure_ascii=False)
+
+
 async def test_quorum_groups_are_looked_up_and_fail_closed(fake_slack: FakeSlack) -> None:
     from agent_core import Quorum
     from bot.app import make_web_client
