@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import aiohttp
+import pytest
 from aiohttp import test_utils, web
 from redis.asyncio import Redis
 from slack_sdk.signature import SignatureVerifier
@@ -343,3 +344,10 @@ def without_ids(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Blocks without the block_id Slack (and the playground) gives a block sent without one."""
     assert all(b.get("block_id") for b in blocks)
     return [{k: v for k, v in b.items() if k != "block_id"} for b in blocks]
+
+
+@pytest.fixture
+async def env(redis: Redis) -> AsyncIterator[Env]:
+    """The fixture of the server's tests (imported by name where used)."""
+    async with open_env(redis) as e:
+        yield e

@@ -8,9 +8,9 @@ from playwright.async_api import Page, expect
 from slack_sdk.errors import SlackApiError
 
 from playground.wire import PostRateLimit
-from tests.playground.test_server import CH, RILEY, TOKEN, Env, env
+from tests.playground.server_env import CH, RILEY, TOKEN, Env, env
 
-__all__ = ["env"]  # the fixture, shared with test_server
+__all__ = ["env"]  # the fixture, from server_env
 
 
 async def test_an_uploaded_file_is_shown_in_its_thread_with_a_link(env: Env) -> None:

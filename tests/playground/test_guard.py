@@ -29,7 +29,7 @@ from playground.guard import TOKEN_HEADER
 from playground.outbound import Sender
 from playground.server import PageInfo, Playground
 from playground.store import Store
-from tests.playground.test_server import BUTTONS, SECRET, TOKEN, FakeBot
+from tests.playground.server_env import BUTTONS, SECRET, TOKEN, FakeBot
 
 CH = people.CHANNEL_ID
 RILEY, AVERY = people.REQUESTER.id, people.APPROVER.id

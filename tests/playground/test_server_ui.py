@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 from slack_sdk.errors import SlackApiError
 from slack_sdk.webhook.async_client import AsyncWebhookClient
 
@@ -29,18 +27,14 @@ from tests.playground.server_env import (
     TS,
     Env,
     Reply,
+    env,
     json_reply,
     modal,
-    open_env,
     texts,
     without_ids,
 )
 
-
-@pytest.fixture
-async def env(redis: Redis) -> AsyncIterator[Env]:
-    async with open_env(redis) as e:
-        yield e
+__all__ = ["env"]  # the fixture, from server_env
 
 
 # =========================================================================== /ui/send

@@ -6,11 +6,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -25,16 +23,12 @@ from tests.playground.server_env import (
     TOKEN,
     TS,
     Env,
+    env,
     modal,
-    open_env,
     texts,
 )
 
-
-@pytest.fixture
-async def env(redis: Redis) -> AsyncIterator[Env]:
-    async with open_env(redis) as e:
-        yield e
+__all__ = ["env"]  # the fixture, from server_env
 
 
 # =========================================================================== Web API: auth
