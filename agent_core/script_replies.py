@@ -54,7 +54,7 @@ class Began:
                 if h.get("gate_id"):
                     gates[h["gate_id"]] = h
         claimed = frozenset(text(c) for c in at(4) or ())
-        read = ModelRead.of(reply[5], history or []) if at(5) else None
+        read = ModelRead.of(reply[5], history) if at(5) else None
         return cls(text(reply[0]), run, turn, gates, claimed, read)
 
 
@@ -91,8 +91,11 @@ class ModelRead:
     history: list[str]
 
     @classmethod
-    def of(cls, reply: list[Any], history: list[str]) -> ModelRead:
-        """From the script's reply and the history read right after it."""
+    def of(cls, reply: list[Any], history: list[str] | None) -> ModelRead:
+        """From the script's reply and the history read right after it (a read without
+        it is a caller's mistake: never a model call on an empty history)."""
+        if history is None:
+            raise ValueError("READ_FOR_MODEL's reply without the history read after it")
         fence, until, turn, phase, now = reply
         return cls(fence, float(until or 0), turn, phase, now, history)
 

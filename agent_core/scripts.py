@@ -79,8 +79,7 @@ def _step(reply: Any, history: list[str] | None = None) -> Step:
         return Step()
     if reply[:1] == ["read"]:
         n = int(reply[1])
-        read = ModelRead.of(reply[2 + n :], history or [])
-        return Step(run=pairs(reply[2 : 2 + n]), read=read)
+        return Step(run=pairs(reply[2 : 2 + n]), read=ModelRead.of(reply[2 + n :], history))
     if reply[:1] == ["recorded"]:
         opened = OpenOutcome(text(reply[1])) if reply[1] else None
         turn, gates = None, None
@@ -208,7 +207,8 @@ class Scripts(GateScripts):
             return Lease(status)
         began = None
         if len(res) > 3:
-            if history is None and res[3][5:6] and res[3][5]:
+            read = res[3][5] if len(res[3]) > 5 else None  # READ_FOR_MODEL's reply, if any
+            if history is None and read:
                 # A resume job found its run in phase `model` (its turn was recorded by an
                 # earlier attempt): the history costs one more round trip here.
                 history = await self.redis.lrange(keys[2], 0, -1)

@@ -223,8 +223,9 @@ class HomeFeed:
                 pipe.zrevrange(self._decided_key(user, shard), 0, MAX_DECISIONS_SHOWN - 1)
             per_shard = await pipe.execute()
         gates = await self.gateway.gates_by_id([g for rows in per_shard for g in rows])
-        mine = [g for g in gates if decided_at(g, user) is not None]
-        return sorted(mine, key=lambda g: -(decided_at(g, user) or 0))[:MAX_DECISIONS_SHOWN]
+        mine = [(at, g) for g in gates if (at := decided_at(g, user)) is not None]
+        mine.sort(key=lambda pair: -pair[0])
+        return [g for _, g in mine[:MAX_DECISIONS_SHOWN]]
 
     async def view_for(self, user: str, pending: list[Gate]) -> dict[str, Any]:
         """``user``'s Home view, from the pending gates read for this round."""

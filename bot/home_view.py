@@ -132,9 +132,10 @@ def decided_at(gate: Gate, viewer: str) -> float | None:
 def _decided_line(gate: Gate, viewer: str = "") -> str:
     head = _DONE.get(gate.status, gate.status.value)
     at = gate.decided_at
-    if viewer and gate.decided_by != viewer and decided_at(gate, viewer) is not None:
+    approved_at = decided_at(gate, viewer) if viewer and gate.decided_by != viewer else None
+    if approved_at is not None:
         # Their approval counted towards a quorum someone else completed, or still open.
-        at = decided_at(gate, viewer)
+        at = approved_at
         head = "👍 You approved" + (
             f" ({len(gate.approvals)} of {gate.quorum.count}; it waits for more)"
             if gate.status is GateStatus.PENDING and gate.quorum is not None

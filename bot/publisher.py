@@ -396,17 +396,7 @@ class Publisher:
                 "chat_update", card, smaller, channel=channel, ts=rec.ts, refused=STALE_ERRORS
             )
         except routing.ChannelRefused as exc:
-            # The app is out of the channel: the card is shown again once it is back.
-            log.warning(
-                "%s %s in %s: Slack refused its update (%s); it is shown again once the app is"
-                " back in the channel",
-                slot.ns,
-                slot.ident,
-                channel,
-                exc.error,
-            )
-            await self.store.mark_stale(channel, slot.ident, slot.ns)
-            self.stale_checked.at.pop(channel, None)  # the next update there looks at once
+            await self._mark_stale(channel, slot.ident, slot.ns, exc.error)
             return
         if ok is None:
             return
@@ -516,24 +506,17 @@ class Publisher:
         if rec.digest == d:
             return None
         try:
-            resp = await self._client(False).chat_update(
-                channel=channel, ts=ts, text=card.text, blocks=card.blocks
+            resp = await self._call(
+                "chat_update",
+                channel=channel,
+                ts=ts,
+                text=card.text,
+                blocks=card.blocks,
+                refused=STALE_ERRORS,
             )
-        except Exception as exc:
-            if slack_error(exc) not in STALE_ERRORS:
-                self._failed("chat_update", exc)  # raises when it may pass
-                return None
-            # The app is out of the channel: shown again once it is back (bot/rejoin.py),
-            # else the root message would say the run is still waiting, for good.
-            log.warning(
-                "run %s in %s: Slack refused its root message's update (%s); it is shown"
-                " again once the app is back in the channel",
-                run_id,
-                channel,
-                slack_error(exc),
-            )
-            await self.store.mark_stale(channel, run_id, RUN_NS)
-            self.stale_checked.at.pop(channel, None)
+        except routing.ChannelRefused as exc:
+            # Else the root message would say the run is still waiting, for good.
+            await self._mark_stale(channel, run_id, RUN_NS, exc.error)
             return None
         if resp is not None:
             held.write_at_release(self.store.run_key(run_id), {"digest": d})
@@ -679,8 +662,16 @@ class Publisher:
         except Exception as exc:
             return self._failed(method, exc)
 
-    async def _call(self, method: str, *, post: bool = False, **kwargs: Any) -> Any:
-        """Call the Web API; ``None`` for a permanent failure (logged), raise if transient.
+    async def _call(
+        self,
+        method: str,
+        *,
+        post: bool = False,
+        refused: frozenset[str] = frozenset(),
+        **kwargs: Any,
+    ) -> Any:
+        """Call the Web API; ``None`` for a permanent failure (logged), raise if transient;
+        an error in ``refused`` raises ChannelRefused.
 
         Rate limits and connection errors were already retried by the client's handlers
         (except as :meth:`_client` says).
@@ -688,7 +679,23 @@ class Publisher:
         try:
             return await getattr(self._client(post), method)(**kwargs)
         except Exception as exc:
+            if isinstance(exc, SlackApiError) and slack_error(exc) in refused:
+                raise routing.ChannelRefused(slack_error(exc)) from exc
             return self._failed(method, exc)
+
+    async def _mark_stale(self, channel: str, ident: str, ns: str, error: str) -> None:
+        """Slack refused to update a message because the app is out of ``channel``: it is
+        shown again once the app is back (bot/rejoin.py)."""
+        log.warning(
+            "%s %s in %s: Slack refused its update (%s); it is shown again once the app is"
+            " back in the channel",
+            ns,
+            ident,
+            channel,
+            error,
+        )
+        await self.store.mark_stale(channel, ident, ns)
+        self.stale_checked.at.pop(channel, None)  # the next update there looks at once
 
     def _failed(self, method: str, exc: Exception) -> None:
         if is_transient(exc):

@@ -166,6 +166,26 @@ async def test_the_history_read_after_a_script_survives_an_emptied_script_cache(
     assert await redis.llen(k.run_inbox(rid)) == 0
 
 
+async def test_a_resume_job_that_finds_its_run_in_phase_model_still_reads_the_history(
+    observer: Harness, redis: Redis
+) -> None:
+    """A job naming a turn is expected in phase `tools` (no history pipelined after its
+    ACQUIRE_LEASE). Should an earlier attempt have closed that turn already, the run is in
+    phase `model`: the history is then read in one more round trip, never left empty."""
+    gw, k = observer.gateway, observer.keys
+    run = await gw.start_run("resumed late", requested_by="U1")
+    rid = run.run_id
+    await redis.hset(k.run(rid), mapping={"status": "running", "phase": "model", "turn": "1"})
+    scripts = Scripts(redis, k)
+    lease = await scripts.acquire_lease(
+        rid, lease_ms=60_000, worker="test", begin_agent="a", turn="0"
+    )
+    assert lease.status is LeaseStatus.OK and lease.began is not None
+    read = lease.began.read
+    assert read is not None and read.phase == "model"
+    assert [json.loads(m)["content"] for m in read.history] == ["resumed late"]
+
+
 async def test_queued_messages_move_only_under_a_current_lease(
     observer: Harness, redis: Redis
 ) -> None:

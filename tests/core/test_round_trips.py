@@ -30,6 +30,9 @@ from tests.agents import delete_user, read_journal, strict
 from tests.core.conftest import core_settings
 from tests.core.test_script_files import script_names
 
+# The resume's floor on the worker; a pipeline is one entry, its commands joined by "+".
+RESUME_FLOOR = ["XREADGROUP", "acquire_lease", "finish_turn+LRANGE", "record_turn"]
+
 
 def _recording(log: list[str], names: dict[str, str]) -> type[Connection]:
     class Recording(Connection):
@@ -129,12 +132,7 @@ async def test_a_pause_takes_3_round_trips_and_a_resume_4_on_the_worker(
         await w.approve_all(redis, run.run_id)
 
         resume = await w.job()
-        assert resume == [
-            "XREADGROUP",
-            "acquire_lease",
-            "finish_turn+LRANGE",
-            "record_turn",
-        ], resume
+        assert resume == RESUME_FLOOR, resume
         done = await gw.get_run(run.run_id)
         assert done is not None and done.status is RunStatus.COMPLETED and done.final == "Done."
         assert sorted(read_journal(str(journal))) == ["delete_user:1", "delete_user:2"]
@@ -173,12 +171,7 @@ async def test_a_mixed_turn_runs_its_ungated_call_first_then_pauses(
         ], pause
         await w.approve_all(redis, run.run_id)
         resume = await w.job()
-        assert resume == [
-            "XREADGROUP",
-            "acquire_lease",
-            "finish_turn+LRANGE",
-            "record_turn",
-        ], resume
+        assert resume == RESUME_FLOOR, resume
         assert read_journal(str(journal)) == ["lookup:a", "delete_user:3"]
     finally:
         await w.close()
