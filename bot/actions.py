@@ -326,6 +326,10 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
 
     edit_view.register(app, ctx, actions)  # Edit & approve (bot/edit_view.py)
 
+
+def register_fallback(app: AsyncApp, ctx: BotContext) -> None:
+    """The listener of any other button: registered after every other listener."""
+
     # Registered last: Bolt tries listeners in order, so this only catches the rest. Only
     # block_actions: legacy payloads are answered quietly (bot/quiet.py).
     @app.block_action(re.compile(r".*", re.DOTALL))

@@ -121,14 +121,17 @@ def create_app(
             process_before_response=True,
             name="agent-approvals",
         )
+    # Bolt tries every listener in order until one matches (each try builds its arguments):
+    # the card's buttons, the busiest requests, come first.
+    actions.register(app, ctx)
     commands.register(app, ctx)
     quiet.register(app)
-    home_listeners.register(app, ctx)  # before actions: its last listener takes any button
-    grant_actions.register(app, ctx)  # before actions: its last listener takes any button
-    actions.register(app, ctx)
+    home_listeners.register(app, ctx)
+    grant_actions.register(app, ctx)
     mentions.register(app, ctx)  # before conversations: its DM listener is checked first
     conversations.register(app, ctx)
     rejoin.register(app, ctx)  # the app back in a channel: its stale cards shown again
+    actions.register_fallback(app, ctx)  # last: it takes any button
     # A Bolt middleware: it sees assistant-thread events before the listeners above.
     assistant.register(app, ctx, agent)
 
