@@ -532,6 +532,7 @@ class Scripts(GateScripts):
             *self._parent_keys(run_id, family),
             k.turn(run_id, turn),
             *self._audit_keys(shard),
+            k.nudges(shard),
             *(k.gate(g) for g in gate_ids),
             self._parent_gate_key(run_id, family),
         ]
@@ -585,6 +586,7 @@ class Scripts(GateScripts):
             k.turn(run_id, turn),
             *self._parent_keys(run_id, family),
             *self._audit_keys(shard),
+            k.nudges(shard),
             *(k.gate(g) for g in gate_ids),
             self._parent_gate_key(run_id, family),
         ]

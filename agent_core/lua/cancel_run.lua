@@ -4,9 +4,9 @@
 -- (invariant 11).
 -- KEYS: run_key, deadlines_key, events_key, run_gates_key, finished_key, active_key,
 --   turn_key (the current turn's hash), parent_key, parent_turn_key, jobs_key (as in
---   FAIL_RUN), audit_key, audit_head_key (the shard's audit trail), then every gate hash of
---   the run (the members of run_gates_key, in ARGV order), then parent_gate_key (as in
---   FAIL_RUN)
+--   FAIL_RUN), audit_key, audit_head_key (the shard's audit trail), nudges_key (the
+--   shard's), then every gate hash of the run (the members of run_gates_key, in ARGV
+--   order), then parent_gate_key (as in FAIL_RUN)
 -- ARGV: by, reason, run_id, turn (the current turn: guard), told (what the parent's model
 --   is told; '' for a run without parent), attempt (recorded as `cancel_attempt`), then
 --   the gate ids
@@ -17,9 +17,11 @@ local run_key, deadlines_key, events_key, run_gates_key, finished_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local active_key, turn_key, parent_key, parent_turn_key, jobs_key =
   KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local audit_key, audit_head_key, parent_gate_key = KEYS[11], KEYS[12], KEYS[#KEYS]
+local audit_key, audit_head_key, nudges_key = KEYS[11], KEYS[12], KEYS[13]
+local parent_gate_key = KEYS[#KEYS]
 local by, reason, run_id, turn, told, attempt = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 --!include finished.lua
+--!include nudges.lua
 --!include close_gate.lua
 --!include audit.lua
 --!include report_child.lua
@@ -33,7 +35,7 @@ if finished(st) then
   end
   return {'finished', st}
 end
-if redis.call('SCARD', run_gates_key) ~= #KEYS - 13
+if redis.call('SCARD', run_gates_key) ~= #KEYS - 14
   or (redis.call('HGET', run_key, 'turn') or '0') ~= turn then
   return {'retry'}
 end
@@ -41,11 +43,12 @@ local t = redis.call('TIME')
 local nowstr = string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000)
 local origin = redis.call('HGET', run_key, 'origin') or '{}'
 local never, running = {}, {}
-for i = 13, #KEYS - 1 do
-  local gid = ARGV[i - 6]
+for i = 14, #KEYS - 1 do
+  local gid = ARGV[i - 7]
   local gs = redis.call('HGET', KEYS[i], 'status')
   if gs == 'pending' then
-    close_gate(KEYS[i], gid, deadlines_key, events_key, run_id, by, reason, nowstr, origin, '', {})
+    close_gate(KEYS[i], gid, deadlines_key, nudges_key, events_key, run_id, by, reason, nowstr,
+      origin, '', {})
     audit(audit_key, audit_head_key, 'closed', KEYS[i], {by = by, reason = reason, at = nowstr})
   elseif gs == 'approved' then
     local g = redis.call('HMGET', KEYS[i], 'turn', 'call_id')

@@ -14,15 +14,16 @@
 -- KEYS: run_key, events_key, finished_key, deadlines_key, run_gates_key, active_key,
 --   parent_key, parent_turn_key, jobs_key (a child run's failure is its parent call's
 --   result; a run without parent: run_key twice and the shard's jobs stream), turn_key (the
---   current turn's hash), audit_key, audit_head_key (the shard's audit trail), then every
---   gate hash of the run (the members of run_gates_key, in ARGV order), then
+--   current turn's hash), audit_key, audit_head_key (the shard's audit trail), nudges_key
+--   (the shard's), then every gate hash of the run (the members of run_gates_key, in ARGV
+--   order), then
 --   parent_gate_key (the gate of the parent's call; run_key when it had none or for a run
 --   without parent)
 -- ARGV: fence, error text, run.failed event data JSON (an object; the two lists are added
 --   to it), now, run_id, retryable ('1' or '0'), told (what the parent's model is told; ''
 --   for a run without parent), turn (the current turn: guard), not_run (the result of a
 --   call that did not run), in_doubt (the result of a call in doubt), attempt (recorded as
---   `fail_attempt`), then the gate ids (ARGV[i - 1] is KEYS[i]'s)
+--   `fail_attempt`), then the gate ids (ARGV[i - 2] is KEYS[i]'s)
 -- Returns: 'failed' (also to a re-run of the same attempt: its first reply was lost) |
 --   'finished' (already finished) | 'lost' | 'retry' (a gate was opened or a turn recorded
 --   since the caller looked: look again) | 'missing' as status replies.
@@ -30,13 +31,15 @@ local run_key, events_key, finished_key, deadlines_key, run_gates_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local active_key, parent_key, parent_turn_key, jobs_key, turn_key =
   KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local audit_key, audit_head_key, parent_gate_key = KEYS[11], KEYS[12], KEYS[#KEYS]
+local audit_key, audit_head_key, nudges_key = KEYS[11], KEYS[12], KEYS[13]
+local parent_gate_key = KEYS[#KEYS]
 local fence, err, failed_data, nowarg, run_id, retryable =
   ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
 local told, turn, not_run, in_doubt, attempt = ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]
 --!include clock.lua
 --!include lease.lua
 --!include finished.lua
+--!include nudges.lua
 --!include close_gate.lua
 --!include audit.lua
 --!include report_child.lua
@@ -51,7 +54,7 @@ if finished(st) then
   return {ok = 'finished'}
 end
 if not holds(run_key, fence) then return {ok = 'lost'} end
-if redis.call('SCARD', run_gates_key) ~= #KEYS - 13
+if redis.call('SCARD', run_gates_key) ~= #KEYS - 14
   or (redis.call('HGET', run_key, 'turn') or '0') ~= turn then
   return {ok = 'retry'}
 end
@@ -59,11 +62,11 @@ local nowstr = string.format('%.6f', now())
 local origin = redis.call('HGET', run_key, 'origin') or '{}'
 local reason = 'the run failed: ' .. err
 local gate_keys = {}
-for i = 13, #KEYS - 1 do
-  gate_keys[ARGV[i - 1]] = KEYS[i]
+for i = 14, #KEYS - 1 do
+  gate_keys[ARGV[i - 2]] = KEYS[i]
   if redis.call('HGET', KEYS[i], 'status') == 'pending' then
-    close_gate(KEYS[i], ARGV[i - 1], deadlines_key, events_key, run_id, '', reason, nowstr,
-      origin, ',"run_failed":true', {'closed_by_failure', '1'})
+    close_gate(KEYS[i], ARGV[i - 2], deadlines_key, nudges_key, events_key, run_id, '', reason,
+      nowstr, origin, ',"run_failed":true', {'closed_by_failure', '1'})
     audit(audit_key, audit_head_key, 'closed', KEYS[i], {reason = reason, at = nowstr})
   end
 end

@@ -10,13 +10,23 @@ from datetime import timedelta
 import pytest
 from redis.asyncio import Redis
 
-from agent_core import Agent, ConfigError, Gate, Keys, Settings, ToolDefinitionError, tool
+from agent_core import (
+    Agent,
+    ConfigError,
+    Gate,
+    GateStatus,
+    Keys,
+    Settings,
+    ToolDefinitionError,
+    tool,
+)
 from agent_core.nudges import Nudges, NudgeSweeper
 from agent_core.runner import Runner
 from agent_core.script_replies import NudgeOutcome
 from agent_core.testing import FakeOpenAI, call, reply
 from tests.core.conftest import core_settings
 from tests.core.harness import Harness
+from tests.core.test_promises import take_lease
 
 
 @tool(requires_approval=True, remind_after=0.4, escalate_after=0.8, escalate_to="S0LEADS, U0BOSS")
@@ -224,6 +234,30 @@ async def test_nothing_fires_after_a_decision(
     assert after.extra_approvers() == []
 
 
+async def test_a_cancelled_or_failed_run_leaves_no_step_behind(
+    nh: Harness, redis: Redis, fake_openai: FakeOpenAI
+) -> None:
+    """Closing a run's pending gate (cancel, failure) drops its reminder and escalation, as a
+    decision does: none is left in the shard's sorted set to wait for its time."""
+    h = nh
+    h.start_worker()
+    cancelled = await open_gate(h, fake_openai, "cancel me")
+    failed = await open_gate(h, fake_openai, "fail me")
+    for gate in (cancelled, failed):
+        assert sorted(await entries(redis, h, gate)) == [
+            f"escalate:{gate.gate_id}",
+            f"remind:{gate.gate_id}",
+        ]
+    await h.gateway.cancel_run(cancelled.run_id, by="U1")
+    worker, _ = h.workers[0]
+    fence = await take_lease(redis, h.keys, failed.run_id)
+    assert await worker.runner.fail(failed.run_id, "the model endpoint is gone", fence)
+    for gate in (cancelled, failed):
+        closed = await h.gateway.get_gate(gate.gate_id)
+        assert closed is not None and closed.status is GateStatus.CANCELLED
+        assert await entries(redis, h, gate) == []
+
+
 async def test_the_sweeper_wakes_for_the_nearest_step(
     nh: Harness, redis: Redis, fake_openai: FakeOpenAI
 ) -> None:
@@ -285,12 +319,16 @@ async def test_fire_nudge_refuses_a_closed_or_late_gate(
 ) -> None:
     h = idle()
     closed = await opened_then_idle(h, fake_openai, "closed")
-    await h.gateway.cancel_run(closed.run_id, by="U1")  # closing leaves the entries behind
+    await h.gateway.cancel_run(closed.run_id, by="U1")
+    assert await entries(redis, h, closed) == []  # closing dropped both steps
+    # An entry left behind anyway (by a core from before closing dropped them): it is due,
+    # refused, and dropped.
+    nudges = h.keys.nudges(h.keys.shard_of(closed.gate_id))
+    await redis.zadd(nudges, {f"remind:{closed.gate_id}": closed.created_at + 0.4})
     await asyncio.sleep(0.45)
-    assert len(await entries(redis, h, closed)) == 2
     res = await h.gateway.scripts.fire_nudge(closed.gate_id, "remind")
     assert res.outcome is NudgeOutcome.NOT_PENDING
-    assert await entries(redis, h, closed) == [f"escalate:{closed.gate_id}"]  # dropped
+    assert await entries(redis, h, closed) == []  # dropped
 
     late = await opened_then_idle(h, fake_openai, "late")
     await redis.hset(h.keys.gate(late.gate_id), "deadline", f"{late.created_at + 0.1:.6f}")
