@@ -149,14 +149,16 @@ class HomeFeed:
         try:
             due: set[str] = set()
             by = data.get("by")
+            viewers: list[str] | None = None
             if event.type is EventType.GATE_DECIDED and isinstance(by, str) and _is_person(by):
-                await self._record_decision(by, gate_id, _float(data.get("decided_at")))
+                viewers = await self._record_decision(by, gate_id, _float(data.get("decided_at")))
                 due.add(by)
             if event.type is EventType.GATE_APPROVAL and isinstance(by, str) and by:
                 due.add(by)  # counted: the gate leaves their list (it waits for others)
                 if _is_person(by):  # and is among their decisions
-                    await self._record_decision(by, gate_id, _float(data.get("at")))
-            viewers = await self._viewers()
+                    viewers = await self._record_decision(by, gate_id, _float(data.get("at")))
+            if viewers is None:
+                viewers = await self._viewers()
             gate = await self.gateway.get_gate(gate_id) if viewers else None
             if gate is not None and _from_slack(gate):
                 due.update([u for u in viewers if await self._may(u, gate) is not None])
@@ -170,11 +172,11 @@ class HomeFeed:
             log.warning("Home not refreshed for event %s: %s", event.id, type(exc).__name__)
 
     async def _viewers(self) -> list[str]:
-        now = time.time()
-        found: list[str] = await self.redis.zrangebyscore(
-            self._viewers_key(), now - VIEWER_DAYS * 86400, "+inf"
-        )
+        found: list[str] = await self.redis.zrangebyscore(*self._viewers_range())
         return found
+
+    def _viewers_range(self) -> tuple[str, float, str]:
+        return self._viewers_key(), time.time() - VIEWER_DAYS * 86400, "+inf"
 
     async def _may(self, user: str, gate: Gate) -> PendingItem | None:
         """What ``user`` may do with ``gate`` (as a card click would be judged), or None."""
@@ -191,15 +193,20 @@ class HomeFeed:
     def _decided_key(self, user: str, shard: int) -> str:
         return self.keys.ext(DECIDED_NS, user, shard)
 
-    async def _record_decision(self, user: str, gate_id: str, at: float | None) -> None:
+    async def _record_decision(self, user: str, gate_id: str, at: float | None) -> list[str]:
+        """Record ``user``'s decision of ``gate_id``; the viewers, read in the same round
+        trip."""
         if not self.keys.owns(gate_id):
-            return
+            return await self._viewers()
         key = self._decided_key(user, self.keys.shard_of(gate_id))
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zadd(key, {gate_id: at or time.time()})
             pipe.zremrangebyrank(key, 0, -(MAX_DECISIONS_SHOWN + 1))
             pipe.expire(key, DECISIONS_DAYS * 86400)
-            await pipe.execute()
+            pipe.zrangebyscore(*self._viewers_range())
+            replies = await pipe.execute()
+        viewers: list[str] = replies[-1]
+        return viewers
 
     # --- reading ----------------------------------------------------------------------
     async def pending_gates(self) -> list[Gate]:

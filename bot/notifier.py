@@ -269,15 +269,26 @@ class Notifier:
             await self._show_run(event.run_id, skip_run or bool(origin.get("parent_run")))
         elif t is EventType.GATE_DECIDED:
             gate_id = str(data["gate_id"])
+            turn: tuple[str, int] | None = None  # (run, turn) whose message shows the gate
             if skip_gate or await self._shows(gate_id, data.get("status")):
                 # Its card is left to a later event, or the click that decided it already
-                # updated it: not its turn's message.
-                gate = await self.gateway.get_gate(gate_id)
+                # updated it: not its turn's message. The event says which turn (and how
+                # many gates it opened); an older core's does not, so the gate is read.
+                turn_gates = data.get("turn_gates")
+                if isinstance(turn_gates, int) and isinstance(data.get("turn"), int):
+                    if turn_gates != 1:
+                        turn = (event.run_id, data["turn"])
+                else:
+                    gate = await self.gateway.get_gate(gate_id)
+                    if gate is not None and gate.turn_gates != 1:
+                        turn = (gate.run_id, gate.turn)
             else:
                 gate = await self.publisher.show_gate(gate_id)
+                if gate is not None and gate.turn_gates != 1:
+                    turn = (gate.run_id, gate.turn)
             # Its turn's "Approve all" message, if the turn opened more than one gate.
-            if gate is not None and gate.turn_gates != 1:
-                await self.publisher.show_turn(gate.run_id, gate.turn)
+            if turn is not None:
+                await self.publisher.show_turn(*turn)
             # The root message: running again once nothing awaits a person.
             await self._show_run(event.run_id, skip_run or bool(origin.get("parent_run")))
         elif t in (EventType.GATE_REMINDED, EventType.GATE_ESCALATED):

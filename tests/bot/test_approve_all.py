@@ -11,9 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agent_core import Gate, GateStatus, RunStatus
+from agent_core import EventType, Gate, GateStatus, RunStatus
 from agent_core.testing import FakeOpenAI, calls, reply
 from bot import cards, durable_acks, turn_actions
+from bot.notifier import Notifier
+from bot.store import TURN_NS, turn_ident
 from tests.bot.conftest import (
     APPROVER,
     APPROVER2,
@@ -24,6 +26,7 @@ from tests.bot.conftest import (
     journal_lines,
     wait_until,
 )
+from tests.bot.test_notifier import all_events
 from tests.core.harness import tool_contents
 
 
@@ -338,3 +341,49 @@ def test_card_texts() -> None:
     confirm = buttons(many)[cards.TURN_APPROVE_ACTION]["confirm"]["text"]["text"]
     assert len(confirm) <= cards.CONFIRM_TEXT_LIMIT
     assert confirm.endswith("…and 53 more: see their cards."), confirm
+
+
+async def test_a_card_click_updates_its_turns_message_without_reading_the_gate_again(
+    live: BotHarness, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """A click on one gate's card updates the card itself; the notifier then updates the
+    turn's "Approve all" message from the gate.decided event, which names the turn and how
+    many gates it opened. An older core's event, without them, still gets it updated (the
+    gate is read)."""
+    three_deletes("delete users 7 8 9", fake_openai)
+    run_id = await live.start_task("delete users 7 8 9")
+    gates, msg = await all_message(live, run_id)
+    await live.client.action("gate_approve", cards.button_value(gates[1]), user_id=APPROVER)
+    await live.wait_card(gates[1].gate_id, "Approved")
+
+    async def remaining() -> Any:
+        m = live.fake.message(CHANNEL, msg.ts)
+        return m if m is not None and "Deny remaining 2" in str(m.blocks) else None
+
+    await wait_until(remaining)
+    decided = [
+        e
+        for e in await all_events(live)
+        if e.type is EventType.GATE_DECIDED and e.data["gate_id"] == gates[1].gate_id
+    ]
+    assert [(e.data["turn"], e.data["turn_gates"]) for e in decided] == [(gates[1].turn, 3)]
+
+    # The same event as an older core wrote it, handled again with the message stale.
+    ctx = live.server.context
+    older = decided[0].model_copy(
+        update={
+            "data": {k: v for k, v in decided[0].data.items() if k not in ("turn", "turn_gates")}
+        }
+    )
+    ident = turn_ident(run_id, gates[1].turn)
+    await ctx.store.set_card_digest(ident, "stale", TURN_NS)
+
+    def turn_updates() -> int:
+        return sum(1 for c in live.fake.calls_to("chat.update") if c.args.get("ts") == msg.ts)
+
+    before = turn_updates()
+    replica = Notifier(live.gateway, ctx.publisher, ctx.store, consumer="web-older")
+    assert await replica.handle_batch([older]) == [older]
+    assert turn_updates() == before + 1
+    assert "Deny remaining 2" in str(live.fake.message(CHANNEL, msg.ts).blocks)  # type: ignore[union-attr]
+    assert journal_lines(journal) == []

@@ -56,10 +56,12 @@ local function decide()
     'decided_at', nowstr, 'decided_hash', seen, 'decided_attempt', attempt)
   redis.call('ZREM', deadlines_key, gate_id)
   drop_nudges(nudges_key, gate_id)
-  local g = redis.call('HMGET', gate_key, 'tool', 'turn', 'call_id')
+  local g = redis.call('HMGET', gate_key, 'tool', 'turn', 'call_id', 'turn_gates')
   local origin = redis.call('HGET', run_key, 'origin') or '{}'
+  -- turn and turn_gates: whether the turn has a message of its own to update (Approve all)
   local data = '{"gate_id":' .. cjson.encode(gate_id) .. ',"run_id":' .. cjson.encode(run_id)
     .. ',"call_id":' .. cjson.encode(g[3]) .. ',"tool":' .. cjson.encode(g[1])
+    .. ',"turn":' .. (tonumber(g[2]) or 'null') .. ',"turn_gates":' .. (tonumber(g[4]) or 'null')
     .. ',"status":' .. cjson.encode(status) .. ',"by":' .. cjson.encode(by)
     .. ',"reason":' .. cjson.encode(reason) .. ',"decided_at":' .. nowstr .. edit_data
     .. ',"origin":' .. origin .. '}'
