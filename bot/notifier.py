@@ -411,10 +411,12 @@ class Notifier:
                 in_doubt=in_doubt,
                 after_cancel=bool(data.get("after_cancel")),
             )
-            # The outcome replaces whatever the cancel left ("never ran", "was running").
-            await self.store.set_result(str(gate_id), result)
-            if not skip_gate:
-                await self.publisher.show_gate(str(gate_id))
+            # The outcome replaces whatever the cancel left ("never ran", "was running"),
+            # stored as the card's lock is taken when the card is updated now.
+            if skip_gate:
+                await self.store.set_result(str(gate_id), result)
+            else:
+                await self.publisher.show_gate(str(gate_id), result=result)
             return
         text = run_cards.tool_message(str(data.get("tool") or "tool"), ok, in_doubt)
         marker = f"tool:{data.get('call_id') or ''}"

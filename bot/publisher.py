@@ -53,6 +53,7 @@ from .store import (
     Held,
     Store,
     card_record,
+    result_fields,
     run_record,
     turn_ident,
 )
@@ -236,21 +237,28 @@ class Publisher:
             self._clients[(post, raising)] = made
         return made
 
-    async def show_gate(self, gate_id: str) -> Gate | None:
+    async def show_gate(
+        self, gate_id: str, *, result: cards.ToolResult | None = None
+    ) -> Gate | None:
         """Post the gate's card, or update it (and any other message showing the gate) to the
-        gate's current state; the gate as shown (None if there is none).
+        gate's current state; the gate as shown (None if there is none). ``result``: the
+        call's outcome, stored first (as :meth:`Store.set_result` does) in the same round
+        trip as the lock is taken.
 
         Raises :class:`TransientSlackError` when Slack should be tried again later.
         """
         store = self.store
         if not valid_gate_id(gate_id, store.keys):
+            if result is not None:
+                await store.set_result(gate_id, result)
             return None
         # The gate and its card's record are read as the lock is taken, and what the card
         # shows now is recorded as it is released: two round trips instead of five (a
         # click's card update is most of what web does per click).
-        read = [store.keys.gate(gate_id), store.card_key(gate_id), store.card_key(gate_id, NOTE_NS)]
-        async with store.lock(f"gate:{gate_id}", read=read) as held:
-            h, card_h, note_h = held.read
+        read = [store.card_key(gate_id), store.keys.gate(gate_id), store.card_key(gate_id, NOTE_NS)]
+        first = result_fields(result) if result is not None else None
+        async with store.lock(f"gate:{gate_id}", read=read, write_first=first) as held:
+            card_h, h, note_h = held.read
             if not h:
                 return None
             gate = Gate.from_hash(h)

@@ -29,11 +29,26 @@ class BotScripts(ScriptSet):
         super().__init__(redis)
 
     async def lock_and_read(
-        self, lock_key: str, token: str, ttl_ms: int, read: Sequence[str] = ()
+        self,
+        lock_key: str,
+        token: str,
+        ttl_ms: int,
+        read: Sequence[str] = (),
+        *,
+        write_first: Mapping[str, str] | None = None,
+        write_ttl: int = 0,
     ) -> list[dict[str, str]] | None:
         """LOCK_AND_READ: the hashes ``read`` (as the lock is taken), or None when another
-        holder has the lock."""
-        got = await self._run("lock_and_read", [lock_key, *read], [token, ttl_ms])
+        holder has the lock. ``write_first``: fields written into ``read[0]`` before (then
+        expiring after ``write_ttl`` seconds), whether the lock is free or not."""
+        args: list[str | int] = [token, ttl_ms, ""]
+        if write_first:
+            if not read:
+                raise ValueError("write_first needs a hash to write into: read[0]")
+            args[2] = write_ttl
+            for field, value in write_first.items():
+                args += [field, value]
+        got = await self._run("lock_and_read", [lock_key, *read], args)
         if not got:
             return None
         return [_pairs(flat) for flat in got[1:]]

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -184,13 +184,13 @@ class Store:
 
     async def set_result(self, gate_id: str, result: ToolResult) -> None:
         """The call's outcome, replacing whatever is stored (a cancel's guess included)."""
-        await self._hset(self.card_key(gate_id), _result_fields(result))
+        await self._hset(self.card_key(gate_id), result_fields(result))
 
     async def set_result_unless_known(self, gate_id: str, result: ToolResult) -> bool:
         """Store ``result`` only if the card has no outcome yet (one script: an outcome
         stored meanwhile by :meth:`set_result` is never overwritten); whether it was."""
         return await self.scripts.set_result_if_none(
-            self.card_key(gate_id), RECORD_TTL_SECONDS, _result_fields(result)
+            self.card_key(gate_id), RECORD_TTL_SECONDS, result_fields(result)
         )
 
     async def mark_nudged(self, gate_id: str, step: str, ts: str) -> None:
@@ -275,7 +275,12 @@ class Store:
 
     @asynccontextmanager
     async def lock(
-        self, name: str, wait_seconds: float = LOCK_WAIT_SECONDS, *, read: Sequence[str] = ()
+        self,
+        name: str,
+        wait_seconds: float = LOCK_WAIT_SECONDS,
+        *,
+        read: Sequence[str] = (),
+        write_first: Mapping[str, str] | None = None,
     ) -> AsyncIterator[Held]:
         """A short mutual exclusion across replicas (SET NX PX, renewed while held, released
         only by its owner). :class:`LockBusy` if another holder keeps it past ``wait_seconds``.
@@ -283,6 +288,8 @@ class Store:
 
         ``read``: hashes (in the lock's shard) read as the lock is taken, in one round trip;
         :meth:`Held.write_at_release` fields are written as it is released, in one more.
+        ``write_first``: fields written into ``read[0]`` in that same round trip, before it
+        is read (and even if the lock stays busy).
         """
         key = self.lock_key(name)
         token = secrets.token_hex(8)
@@ -292,7 +299,9 @@ class Store:
         while True:
             # A script even without hashes to read: a SET NX retried after its reply was
             # lost would find the lock taken, by this very token, and wait for nothing.
-            got = await self.scripts.lock_and_read(key, token, LOCK_TTL_MS, read)
+            got = await self.scripts.lock_and_read(
+                key, token, LOCK_TTL_MS, read, write_first=write_first, write_ttl=RECORD_TTL_SECONDS
+            )
             if got is not None:
                 held = Held(got, {})
                 break
@@ -390,7 +399,7 @@ def card_record(h: dict[str, str]) -> CardRecord:
     )
 
 
-def _result_fields(result: ToolResult) -> dict[str, str]:
+def result_fields(result: ToolResult) -> dict[str, str]:
     return {
         "result_ok": "1" if result.ok else "0",
         "result_output": result.output,

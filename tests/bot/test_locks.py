@@ -129,3 +129,26 @@ async def test_a_lock_taken_again_with_its_own_token_is_its_holders(redis: Redis
         "the first take's reply was lost: it is its own"
     )
     assert await take(key, "token-2", 10_000) is None
+
+
+async def test_fields_written_as_the_lock_is_taken_are_written_even_when_it_is_busy(
+    redis: Redis,
+) -> None:
+    """A call's outcome is stored in the round trip that takes its card's lock, before the
+    card's record is read: the read shows it, and a busy lock (the event tried again later)
+    does not lose it."""
+    keys = Keys("t")
+    store = Store(redis, keys)
+    gate_id = keys.new_gate_id(3)
+    card, lock = store.card_key(gate_id), store.lock_key(f"gate:{gate_id}")
+    take = BotScripts(redis).lock_and_read
+    assert await take(lock, "other-holder", 10_000) == []
+    ran = {"result_ok": "1", "result_output": "deleted"}
+    busy = await take(lock, "token", 10_000, [card], write_first=ran, write_ttl=60)
+    assert busy is None
+    assert await redis.hgetall(card) == ran and 0 < await redis.ttl(card) <= 60
+    await redis.delete(lock)
+    again = {"result_ok": "0", "result_output": "failed"}
+    assert await take(lock, "token", 10_000, [card], write_first=again, write_ttl=60) == [again]
+    with pytest.raises(ValueError, match="write_first needs a hash"):
+        await take(lock, "token", 10_000, write_first=again, write_ttl=60)
