@@ -198,6 +198,26 @@ class GateActions(CardActions):
         respond: Any,
         outcome: Outcome | None = None,
     ) -> None:
+        # Registered before deciding: this process's notifier, handed the decision's event
+        # while the card update below is on its way, waits for it (bot/refreshing.py).
+        async with self.ctx.publisher.refreshes.making(gate.gate_id) as refresh:
+            shown = await self._decide_and_show(
+                user_id, gate, decision, reason, clicked_hash, channel, respond, outcome
+            )
+            refresh.shown(shown)
+
+    async def _decide_and_show(
+        self,
+        user_id: str,
+        gate: Gate,
+        decision: Decision,
+        reason: str | None,
+        clicked_hash: str | None,
+        channel: str | None,
+        respond: Any,
+        outcome: Outcome | None,
+    ) -> Gate | None:
+        """Decide, tell the clicker what came of it, update the card; the gate as shown."""
         tell = self._tell
         approvers = self.ctx.approvers
         approving = decision is Decision.APPROVE
@@ -214,13 +234,12 @@ class GateActions(CardActions):
             )
         except GateNotFound:
             await tell(user_id, UNKNOWN_GATE, channel=channel, respond=respond)
-            return
+            return None
         except ArgsHashMismatch:
             await tell(
                 user_id, mismatch(clicked_hash or "", gate), channel=channel, respond=respond
             )
-            await self._refresh(gate.gate_id)
-            return
+            return await self._refresh(gate.gate_id)
         if outcome is not None:
             outcome.channel = channel
             outcome.durable.set()  # durable in Redis: the click may be acknowledged now
@@ -238,7 +257,7 @@ class GateActions(CardActions):
             outcome.applied = True
         # Shown at once, not after the notifier's queue (which then finds the card showing
         # this decision and leaves it: Notifier.handle); a stale card is made to tell the truth.
-        await self._refresh(gate.gate_id)
+        return await self._refresh(gate.gate_id)
 
 
 def register(app: AsyncApp, ctx: BotContext) -> None:

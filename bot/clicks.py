@@ -192,9 +192,11 @@ class CardActions:
     ) -> None:
         await tell(self.ctx, user_id, text, channel=channel, respond=respond)
 
-    async def _refresh(self, gate_id: str) -> None:
+    async def _refresh(self, gate_id: str) -> Gate | None:
+        """Update the card now; the gate as it shows it (None if it failed)."""
         # Best effort: the notifier makes the same update from the gate.decided event.
         try:
-            await self.ctx.publisher.show_gate(gate_id)
+            return await self.ctx.publisher.show_gate(gate_id)
         except Exception as exc:
             log.warning("card update for gate %s deferred to the notifier: %s", gate_id, exc)
+            return None

@@ -270,9 +270,15 @@ class Notifier:
         elif t is EventType.GATE_DECIDED:
             gate_id = str(data["gate_id"])
             turn: tuple[str, int] | None = None  # (run, turn) whose message shows the gate
-            if skip_gate or await self._shows(gate_id, data.get("status")):
-                # Its card is left to a later event, or the click that decided it already
-                # updated it: not its turn's message. The event says which turn (and how
+            status = data.get("status")
+            if (
+                skip_gate
+                or await self.publisher.refreshes.shows(gate_id, status)
+                or await self._shows(gate_id, status)
+            ):
+                # Its card is left to a later event, or the click that decided it updated
+                # it (here: waited for; elsewhere: its record says so): not its turn's
+                # message. The event says which turn (and how
                 # many gates it opened); an older core's does not, so the gate is read.
                 turn_gates = data.get("turn_gates")
                 if isinstance(turn_gates, int) and isinstance(data.get("turn"), int):

@@ -44,6 +44,7 @@ from agent_core.models import Gate, GateStatus, Run
 from . import cards, rejoin, routing, run_cards
 from .answers import Attachment, no_file_message
 from .ports import GatewayLike
+from .refreshing import Refreshes
 from .store import (
     CARD_NS,
     NOTE_NS,
@@ -208,6 +209,8 @@ class Publisher:
         self._clients: dict[tuple[bool, bool], AsyncWebClient] = {}
         # When this process last looked for stale cards of each channel (bot/rejoin.py).
         self.stale_checked = rejoin.Checked()
+        # Card updates clicks are making in this process (bot/refreshing.py).
+        self.refreshes = Refreshes()
 
     def _client(self, post: bool = False) -> AsyncWebClient:
         """The client for a call. ``post``: without the retry on connection errors (cards and

@@ -481,9 +481,9 @@ async def test_a_card_the_click_updated_is_not_rendered_again_by_the_notifier(
     rendered: list[str] = []
     show_gate = ctx.publisher.show_gate
 
-    async def spy(gate_id: str) -> Any:
+    async def spy(gate_id: str, **kw: Any) -> Any:
         rendered.append(gate_id)
-        return await show_gate(gate_id)
+        return await show_gate(gate_id, **kw)
 
     replica = Notifier(live.gateway, ctx.publisher, ctx.store, consumer="web-spy")
     ctx.publisher.show_gate = spy  # type: ignore[method-assign]
@@ -495,6 +495,61 @@ async def test_a_card_the_click_updated_is_not_rendered_again_by_the_notifier(
         assert rendered == [gate.gate_id], "control: not known to show it, it is rendered"
     finally:
         ctx.publisher.show_gate = show_gate  # type: ignore[method-assign]
+
+
+async def test_the_notifier_waits_for_the_clicks_own_card_update_and_takes_over_if_it_fails(
+    live: BotHarness, redis_url: str, fake_openai: FakeOpenAI, journal: Path
+) -> None:
+    """The decision's event reaches the notifier while the click's card update is still on
+    its way to Slack: the notifier waits for it and does not update the card again. When the
+    click's update fails, the notifier makes it."""
+    assert live.core is not None
+    for task, uid in (("held update", "5"), ("failed update", "6")):
+        fake_openai.script(task, [call("delete_user", {"user_id": uid}), reply("ok")])
+    held_run, failed_run = (
+        await live.start_task("held update"),
+        await live.start_task("failed update"),
+    )
+    held, failed = await live.gate_of(held_run), await live.gate_of(failed_run)
+    await live.core.close()  # the runs stay approved, not executed: the card says so
+    live.core = None
+    held_ts = (await live.card(held.gate_id)).ts
+
+    def card_updates(ts: str) -> int:
+        return sum(1 for c in live.fake.calls_to("chat.update") if c.args.get("ts") == ts)
+
+    publisher = live.server.context.publisher
+    rendered: list[str] = []
+    show_gate = publisher.show_gate
+
+    async def spy(gate_id: str, **kw: Any) -> Any:
+        rendered.append(gate_id)
+        return await show_gate(gate_id, **kw)
+
+    publisher.show_gate = spy  # type: ignore[method-assign]
+    try:
+        live.fake.hold("chat.update", when=lambda args: args.get("ts") == held_ts)
+        click = asyncio.create_task(
+            live.client.action("gate_approve", cards.button_value(held), user_id=APPROVER)
+        )
+        await live.fake.wait_for(lambda f: f.held == 1, what="the click's card update, held")
+        await asyncio.sleep(0.5)  # the notifier has read the decision's event meanwhile
+        assert card_updates(held_ts) == 1, "only the click's own update"
+        live.fake.release()
+        await click
+        await live.wait_card(held.gate_id, "Approved")
+        await live.fake.wait_for(lambda f: f.shows(CHANNEL, held.origin["thread_ts"], "running"))
+        assert card_updates(held_ts) == 1, "the notifier left the card the click updated"
+        assert rendered == [held.gate_id], "rendered once, by the click"
+    finally:
+        publisher.show_gate = show_gate  # type: ignore[method-assign]
+
+    failed_ts = (await live.card(failed.gate_id)).ts
+    live.fake.error_next("chat.update", "internal_error")  # the click's own update
+    await live.client.action("gate_approve", cards.button_value(failed), user_id=APPROVER)
+    await live.wait_card(failed.gate_id, "Approved")  # the notifier's update
+    assert card_updates(failed_ts) == 2
+    assert journal_lines(journal) == []
 
 
 async def test_a_cancel_delivered_again_after_its_card_was_busy_still_shows_never_ran(

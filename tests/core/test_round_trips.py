@@ -12,13 +12,10 @@ commands for a turn that asks two gated calls, both approved, counted on a real 
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
-from typing import Any
 
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
-from redis.asyncio.connection import Connection
 
 from agent_core import Agent, ApprovalRequest, Gateway, Keys, RunStatus, Verdict, approve, approver
 from agent_core.connections import create_redis
@@ -29,33 +26,10 @@ from agent_core.worker import Worker
 from tests.agents import delete_user, read_journal, strict
 from tests.core.conftest import core_settings
 from tests.core.test_script_files import script_names
+from tests.redis_counting import record
 
 # The resume's floor on the worker; a pipeline is one entry, its commands joined by "+".
 RESUME_FLOOR = ["XREADGROUP", "acquire_lease", "finish_turn+LRANGE", "record_turn"]
-
-
-def _recording(log: list[str], names: dict[str, str]) -> type[Connection]:
-    class Recording(Connection):
-        piped: list[str] | None = None
-
-        def pack_command(self, *args: Any) -> Any:
-            name = str(args[0]).upper()
-            if name in ("EVALSHA", "EVAL"):
-                sha = args[1] if name == "EVALSHA" else hashlib.sha1(str(args[1]).encode())
-                name = names.get(sha if isinstance(sha, str) else sha.hexdigest(), name)
-            (log if self.piped is None else self.piped).append(name)
-            return super().pack_command(*args)
-
-        def pack_commands(self, commands: Any) -> Any:
-            # One round trip: its commands joined by "+".
-            self.piped = []
-            try:
-                return super().pack_commands(commands)
-            finally:
-                log.append("+".join(self.piped))
-                self.piped = None
-
-    return Recording
 
 
 async def _one_job(w: Worker, reader: StreamConsumer, log: list[str]) -> list[str]:
@@ -79,13 +53,9 @@ class _Counted:
         self.settings = core_settings(redis_url, base_url)
         self.keys = Keys(self.settings.key_prefix, self.settings.shards)
         self.scripts = Scripts(redis, self.keys)
-        self.names = {
-            hashlib.sha1(self.scripts.source(n).encode()).hexdigest(): n
-            for n in script_names("agent_core")
-        }
         self.log: list[str] = []
         self.redis = create_redis(redis_url)
-        self.redis.connection_pool.connection_class = _recording(self.log, self.names)
+        record(self.redis, self.log, "agent_core")
         self.client = AsyncOpenAI(api_key="sk-test", base_url=base_url, max_retries=0)
         self.worker = Worker(self.redis, agent, self.client, self.settings)
         [self.reader] = self.worker.readers
