@@ -186,15 +186,13 @@ async def leg_outcomes(
     for _ in range(MAX_DEPTH + 1):
         children: list[tuple[str, int]] = []
         for rid, since in runs:
-            for gate in await gateway.gates(rid):
-                if gate.turn > since:
-                    rec = (
-                        await store.card(gate.gate_id)
-                        if gate.status is GateStatus.APPROVED
-                        else None
-                    )
-                    out.add(gate, rec.result if rec is not None else None)
-            children += [(c, 0) for c in await store.children_since(rid, since)]
+            later = [g for g in await gateway.gates(rid) if g.turn > since]
+            approved = [g.gate_id for g in later if g.status is GateStatus.APPROVED]
+            recs, kids = await store.cards_and_children(approved, rid)
+            results = {g: rec.result for g, rec in zip(approved, recs, strict=True)}
+            for gate in later:
+                out.add(gate, results.get(gate.gate_id))
+            children += [(c, 0) for c in await store.children_since(rid, since, kids)]
         if not children:
             break
         runs = children

@@ -248,9 +248,27 @@ class Store:
     async def mark_posted(self, run_id: str, marker: str, ts: str) -> None:
         await self._hset(self.run_key(run_id), {f"posted:{marker}": ts})
 
-    async def children_since(self, run_id: str, turn: int) -> list[str]:
-        """The run's sub-agent runs started by its turns after ``turn`` (core keys, read only)."""
-        kids = sorted(await self.redis.smembers(self.keys.children(run_id)))
+    async def cards_and_children(
+        self, gate_ids: Sequence[str], run_id: str
+    ) -> tuple[list[CardRecord], list[str]]:
+        """The cards' records of ``gate_ids`` and the run's sub-agent runs (all of them, for
+        :meth:`children_since`), in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for gate_id in gate_ids:
+                pipe.hgetall(self.card_key(gate_id))
+            pipe.smembers(self.keys.children(run_id))
+            *raw, kids = await pipe.execute()
+        recs = [card_record({_s(k): _s(v) for k, v in h.items()}) for h in raw]
+        return recs, [_s(k) for k in kids]
+
+    async def children_since(
+        self, run_id: str, turn: int, kids: Sequence[str] | None = None
+    ) -> list[str]:
+        """The run's sub-agent runs started by its turns after ``turn`` (core keys, read
+        only); ``kids``: all its sub-agent runs, when already read."""
+        if kids is None:
+            kids = await self.redis.smembers(self.keys.children(run_id))
+        kids = sorted(kids)
         if not kids:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
