@@ -71,6 +71,8 @@ async def test_approved_call_runs_once_and_model_gets_its_output(
         "run_id": run.run_id,
         "call_id": d["call_id"],
         "tool": "delete_user",
+        "turn": 1,
+        "turn_gates": 1,
         "status": "approved",
         "by": "U2",
         "reason": "",
