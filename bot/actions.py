@@ -198,66 +198,50 @@ class GateActions(CardActions):
         respond: Any,
         outcome: Outcome | None = None,
     ) -> None:
-        # Registered before deciding: this process's notifier, handed the decision's event
-        # while the card update below is on its way, waits for it (bot/refreshing.py).
-        async with self.ctx.publisher.refreshes.making(gate.gate_id) as refresh:
-            shown = await self._decide_and_show(
-                user_id, gate, decision, reason, clicked_hash, channel, respond, outcome
-            )
-            refresh.shown(shown)
-
-    async def _decide_and_show(
-        self,
-        user_id: str,
-        gate: Gate,
-        decision: Decision,
-        reason: str | None,
-        clicked_hash: str | None,
-        channel: str | None,
-        respond: Any,
-        outcome: Outcome | None,
-    ) -> Gate | None:
-        """Decide, tell the clicker what came of it, update the card; the gate as shown."""
         tell = self._tell
         approvers = self.ctx.approvers
         approving = decision is Decision.APPROVE
-        try:
-            result = await self.ctx.gateway.decide(
-                gate.gate_id,
-                decision,
-                by=user_id,
-                reason=reason,
-                args_hash=clicked_hash,
-                run_id=gate.run_id,
-                groups=await approvers.quorum_groups(user_id, gate) if approving else [],
-                allow_self_approval=approvers.allow_self_approval,
-            )
-        except GateNotFound:
-            await tell(user_id, UNKNOWN_GATE, channel=channel, respond=respond)
-            return None
-        except ArgsHashMismatch:
-            await tell(
-                user_id, mismatch(clicked_hash or "", gate), channel=channel, respond=respond
-            )
-            return await self._refresh(gate.gate_id)
-        if outcome is not None:
-            outcome.channel = channel
-            outcome.durable.set()  # durable in Redis: the click may be acknowledged now
-        if result.counted or result.refused:  # a quorum's approval (bot/quorum_view.py)
-            outcome = outcome or Outcome()
-            outcome.applied = result.counted
-            text = quorum_view.counted_message(result.gate) if result.counted else ""
-            text = text or quorum_view.refused_message(result)
-            await tell(user_id, text, channel=channel, respond=respond)
-        # Not applied: someone was first. Applied but not what was asked: the deadline had
-        # passed, so the click expired the gate instead.
-        elif not result.applied or result.gate.status is not decision.status:
-            await tell(user_id, already_decided(result.gate), channel=channel, respond=respond)
-        elif outcome is not None:
-            outcome.applied = True
-        # Shown at once, not after the notifier's queue (which then finds the card showing
-        # this decision and leaves it: Notifier.handle); a stale card is made to tell the truth.
-        return await self._refresh(gate.gate_id)
+        # Registered before deciding: this process's notifier, handed the decision's event
+        # while the card update below is on its way, waits for it (bot/refreshing.py).
+        async with self.ctx.publisher.refreshes.making(gate.gate_id) as refresh:
+            try:
+                result = await self.ctx.gateway.decide(
+                    gate.gate_id,
+                    decision,
+                    by=user_id,
+                    reason=reason,
+                    args_hash=clicked_hash,
+                    run_id=gate.run_id,
+                    groups=await approvers.quorum_groups(user_id, gate) if approving else [],
+                    allow_self_approval=approvers.allow_self_approval,
+                )
+            except GateNotFound:
+                await tell(user_id, UNKNOWN_GATE, channel=channel, respond=respond)
+                return
+            except ArgsHashMismatch:
+                await tell(
+                    user_id, mismatch(clicked_hash or "", gate), channel=channel, respond=respond
+                )
+                refresh.shown(await self._refresh(gate.gate_id))
+                return
+            if outcome is not None:
+                outcome.channel = channel
+                outcome.durable.set()  # durable in Redis: the click may be acknowledged now
+            if result.counted or result.refused:  # a quorum's approval (bot/quorum_view.py)
+                outcome = outcome or Outcome()
+                outcome.applied = result.counted
+                text = quorum_view.counted_message(result.gate) if result.counted else ""
+                text = text or quorum_view.refused_message(result)
+                await tell(user_id, text, channel=channel, respond=respond)
+            # Not applied: someone was first. Applied but not what was asked: the deadline
+            # had passed, so the click expired the gate instead.
+            elif not result.applied or result.gate.status is not decision.status:
+                await tell(user_id, already_decided(result.gate), channel=channel, respond=respond)
+            elif outcome is not None:
+                outcome.applied = True
+            # Shown at once, not after the notifier's queue (which then finds the card
+            # showing this decision and leaves it); a stale card is made to tell the truth.
+            refresh.shown(await self._refresh(gate.gate_id))
 
 
 def register(app: AsyncApp, ctx: BotContext) -> None:
