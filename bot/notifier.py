@@ -270,15 +270,10 @@ class Notifier:
         elif t is EventType.GATE_DECIDED:
             gate_id = str(data["gate_id"])
             turn: tuple[str, int] | None = None  # (run, turn) whose message shows the gate
-            status = data.get("status")
-            if (
-                skip_gate
-                or await self.publisher.refreshes.shows(gate_id, status)
-                or await self._shows(gate_id, status)
-            ):
+            if skip_gate or await self._shows(gate_id, data.get("status")):
                 # Its card is left to a later event, or the click that decided it updated
-                # it (here: waited for; elsewhere: its record says so): not its turn's
-                # message. The event says which turn (and how
+                # it (in this process: waited for, see _Lanes; elsewhere: its record says
+                # so): not its turn's message. The event says which turn (and how
                 # many gates it opened); an older core's does not, so the gate is read.
                 turn_gates = data.get("turn_gates")
                 if isinstance(turn_gates, int) and isinstance(data.get("turn"), int):
@@ -349,6 +344,16 @@ class Notifier:
         await assistant.show_status(self.publisher, event)
         if self.home is not None:  # coalesced, best effort: never fails the event
             await self.home.on_event(event)
+
+    async def click_showed(self, event: Event) -> bool:
+        """For a gate.decided event: whether the click that made the decision, in this
+        process, updated the card to show it (waited for: bot/refreshing.py)."""
+        if event.type is not EventType.GATE_DECIDED:
+            return False
+        gate_id = event.data.get("gate_id")
+        if not isinstance(gate_id, str) or not gate_id:
+            return False
+        return await self.publisher.refreshes.shows(gate_id, event.data.get("status"))
 
     async def _shows(self, gate_id: str, status: object) -> bool:
         """Whether the gate's card was last updated to show ``status`` (a decision's click
@@ -550,8 +555,11 @@ class _Lanes:
 
     async def _one(self, event: Event, lane: _Lane) -> bool:
         limited = failed = 0
+        # Waited for without a slot: other threads' events go on meanwhile.
+        clicked = await self.notifier.click_showed(event)
         while True:
             skip_gate, skip_run = lane.updated_later(event)
+            skip_gate = skip_gate or clicked
             async with self.slots:
                 result = await self.notifier._attempt(event, skip_gate=skip_gate, skip_run=skip_run)
             if result is True:

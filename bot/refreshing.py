@@ -5,7 +5,8 @@ gate.decided event reaches this process's notifier at once, usually while that u
 still on its way to Slack: the notifier then found the card not showing the decision yet,
 waited for the card's lock, and rendered the same card again (four round trips and a render
 per click, for nothing). Now a click registers its update before deciding; the notifier
-waits for it and leaves the card alone when it shows the decision. An event handled by
+waits for it (without holding one of its slots: other threads' events go on) and leaves
+the card alone when it shows the decision. An event handled by
 another replica, or a click whose update failed, takes the usual path.
 """
 
