@@ -65,18 +65,17 @@ async def _decide(
     gw: Gateway, gate_id: str, run_id: str, status: str, decision: dict[str, Any]
 ) -> Decision:
     """One DECIDE_GATE (then WAIT, with DECISION_REPLICAS)."""
+    res, replicas = await gw.scripts.decide_gate(
+        gate_id,
+        run_id,
+        status,
+        **decision,
+        replicas=gw.decision_replicas,
+        wait_ms=gw.decision_wait_ms,
+    )
     if gw.decision_replicas > 0:
-        res, replicas = await gw.scripts.decide_gate_replicated(
-            gate_id,
-            run_id,
-            status,
-            **decision,
-            replicas=gw.decision_replicas,
-            wait_ms=gw.decision_wait_ms,
-        )
         warn_unreplicated(gw, gate_id, res.outcome, replicas)
-        return res
-    return await gw.scripts.decide_gate(gate_id, run_id, status, **decision)
+    return res
 
 
 async def apply_decision(

@@ -116,35 +116,19 @@ class GateScripts(ScriptSet):
         groups: Sequence[str] = (),
         self_ok: bool = True,
         edit: tuple[str, str] | None = None,
-    ) -> Decision:
+        replicas: int = 0,
+        wait_ms: int = 0,
+    ) -> tuple[Decision, int]:
         """DECIDE_GATE: move the gate out of ``pending``, exactly once (a quorum's approval
         that does not complete it is only counted). ``edit``: the edited arguments'
-        canonical JSON and hash, for an approval with edits (agent_core.editing)."""
+        canonical JSON and hash, for an approval with edits (agent_core.editing). With
+        ``replicas``, then WAIT for them (see :func:`eval_replicated`). The decision, and
+        the replicas reached (0 without WAIT)."""
         keys, args = self._decide(
             gate_id, run_id, status, by, reason, attempt, seen_hash, groups, self_ok, edit
         )
-        return self._decision_of(await self._run("decide_gate", keys, args))
-
-    async def decide_gate_replicated(
-        self,
-        gate_id: str,
-        run_id: str,
-        status: str,
-        *,
-        by: str,
-        reason: str,
-        attempt: str,
-        seen_hash: str,
-        replicas: int,
-        wait_ms: int,
-        groups: Sequence[str] = (),
-        self_ok: bool = True,
-        edit: tuple[str, str] | None = None,
-    ) -> tuple[Decision, int]:
-        """DECIDE_GATE then WAIT for ``replicas`` (see :func:`eval_replicated`)."""
-        keys, args = self._decide(
-            gate_id, run_id, status, by, reason, attempt, seen_hash, groups, self_ok, edit
-        )
+        if replicas <= 0:
+            return self._decision_of(await self._run("decide_gate", keys, args)), 0
         res, reached = await eval_replicated(
             self.redis, self.source("decide_gate"), keys, args, replicas, wait_ms
         )

@@ -139,7 +139,7 @@ async def test_a_tool_without_editable_and_a_quorum_gate_refuse_edits(
     with pytest.raises(InvalidEdit, match="delete_user does not allow edits"):
         await approve_edited(h.gateway, gid, "U2", {"user_id": "6"})
     # The script refuses too, whatever a caller sends it.
-    res = await h.gateway.scripts.decide_gate(
+    res, _ = await h.gateway.scripts.decide_gate(
         gid,
         gate.run_id,
         "approved",
@@ -155,7 +155,7 @@ async def test_a_tool_without_editable_and_a_quorum_gate_refuse_edits(
     assert quorum_gate is not None and quorum_gate.editable == ["amount"]
     with pytest.raises(InvalidEdit, match="several approvals"):
         await approve_edited(h.gateway, qid, "U2", {"amount": 1})
-    res = await h.gateway.scripts.decide_gate(
+    res, _ = await h.gateway.scripts.decide_gate(
         qid,
         quorum_gate.run_id,
         "approved",

@@ -194,7 +194,7 @@ async def test_a_decision_run_again_by_the_same_attempt_is_told_it_decided(
     gid, scripts = opened.data["gate_id"], Scripts(redis, harness.keys)
 
     async def decide(attempt: str) -> DecideOutcome:
-        res = await scripts.decide_gate(
+        res, _ = await scripts.decide_gate(
             gid, run.run_id, "approved", by="U2", reason="", attempt=attempt, seen_hash=""
         )
         return res.outcome

@@ -366,15 +366,15 @@ async def test_a_retried_approval_recognises_its_own_count(
         h, fake_openai, "wire 3100", call("wire", {"amount": 3100}), reply("ok")
     )
     mine = {"by": "U2", "reason": "", "attempt": "click-a", "seen_hash": ""}
-    first = await h.gateway.scripts.decide_gate(gid, run_id, "approved", **mine)
-    again = await h.gateway.scripts.decide_gate(gid, run_id, "approved", **mine)
+    first, _ = await h.gateway.scripts.decide_gate(gid, run_id, "approved", **mine)
+    again, _ = await h.gateway.scripts.decide_gate(gid, run_id, "approved", **mine)
     assert (first.outcome.value, again.outcome.value) == ("counted", "counted")
     gate = await h.gateway.get_gate(gid)
     assert gate is not None and [a.by for a in gate.approvals] == ["U2"]
     events = [e for e in await h.events() if e.run_id == run_id]
     assert [e.type.value for e in events].count("gate.approval") == 1
     last = {"by": "U3", "reason": "", "attempt": "click-b", "seen_hash": ""}
-    done = await h.gateway.scripts.decide_gate(gid, run_id, "approved", **last)
-    retry = await h.gateway.scripts.decide_gate(gid, run_id, "approved", **last)
+    done, _ = await h.gateway.scripts.decide_gate(gid, run_id, "approved", **last)
+    retry, _ = await h.gateway.scripts.decide_gate(gid, run_id, "approved", **last)
     assert (done.outcome.value, retry.outcome.value) == ("applied", "applied")
     await h.wait_finished(run_id)
