@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .event_loop import EventLoopChoice
 from .exceptions import ConfigError
 from .nudges import Nudges, ids
 from .routes import ApprovalRoute, parse_routes
@@ -265,6 +266,13 @@ class Settings(BaseSettings):
     )
     log_level: str = Field(
         "INFO", validation_alias="LOG_LEVEL", description="the level of the logs"
+    )
+    event_loop: EventLoopChoice = Field(
+        "auto",
+        validation_alias="EVENT_LOOP",
+        description=(
+            "the processes' event loop: auto (uvloop where it is installed), uvloop or asyncio"
+        ),
     )
     metrics_port: int = Field(
         0,

@@ -24,9 +24,10 @@ from openai import AsyncOpenAI
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from . import audit, layout, metrics, presence
+from . import audit, event_loop, layout, metrics, presence
 from .agent import Agent, AgentTool
 from .connections import reachable_redis
+from .event_loop import running_loop_name
 from .exceptions import ConfigError, GateNotFound, LeaseLost
 from .gateway import Gateway, valid_run_id
 from .keys import Keys
@@ -164,12 +165,13 @@ class Worker:
         except (RedisError, OSError) as exc:
             log.warning("could not check the key layout (%s)", type(exc).__name__)
         log.info(
-            "worker %s serving %s %s (%s, %d shards)",
+            "worker %s serving %s %s (%s, %d shards, %s)",
             self.name,
             "agent" if len(self.agents) == 1 else "agents",
             ", ".join(repr(n) for n in self.agents),
             "Redis Cluster" if is_cluster(self.redis) else "one Redis",
             self.keys.shards,
+            running_loop_name(),
         )
         opened: list[Agent] = []
         try:
@@ -630,7 +632,7 @@ def main(argv: list[str] | None = None) -> None:
     for noisy in ("httpx", "httpx2", "openai._base_client"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        asyncio.run(serve(settings))
+        event_loop.run(serve(settings), settings.event_loop)
     except ConfigError as exc:
         exit_on_config_error(exc)
     except KeyboardInterrupt:

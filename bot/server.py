@@ -33,8 +33,9 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from agent_core import Agent, ConfigError, Gateway, Keys, Settings, metrics
+from agent_core import Agent, ConfigError, Gateway, Keys, Settings, event_loop, metrics
 from agent_core.connections import reachable_redis
+from agent_core.event_loop import running_loop_name
 from agent_core.layout import old_layout_problem, refuse_old_layout
 from agent_core.runtime import freeze_startup_heap
 from agent_core.settings import exit_on_config_error, importable_from_cwd, load_agents
@@ -441,12 +442,13 @@ async def serve(settings: BotSettings, core: Settings) -> None:
         else f"HTTP on {server.host}:{server.port}{EVENTS_PATH}"
     )
     log.info(
-        "web ready (%s, command %s, %s %s, %s)",
+        "web ready (%s, command %s, %s %s, %s, %s)",
         mode,
         settings.slash_command,
         "agents" if len(agents) > 1 else "agent",
         ", ".join(a.name for a in agents),
         "Redis Cluster" if is_cluster(redis) else "one Redis",
+        running_loop_name(),
     )
     if not server.context.approvers.configured:
         log.warning(
@@ -508,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
-        asyncio.run(serve(settings, core))
+        event_loop.run(serve(settings, core), core.event_loop)
     except ConfigError as exc:
         exit_on_config_error(exc, notes={PLAYGROUND_HINT})
     except KeyboardInterrupt:

@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from agent_core import event_loop
 from tests.bench.cluster_throughput import (
     METHOD_CLUSTER,
     cluster_lines,
@@ -450,7 +451,9 @@ async def amain(args: argparse.Namespace) -> int:
         + f"openai {info['openai']}; openai-agents {info['openai-agents']}; "
         + f"langgraph {info['langgraph']}; langchain-core {info['langchain-core']}; "
         + "langgraph-checkpoint-redis "
-        + f"{info['langgraph-checkpoint-redis']}; redisvl {info['redisvl']}.\n",
+        + f"{info['langgraph-checkpoint-redis']}; redisvl {info['redisvl']}; "
+        + f"uvloop {info['uvloop']} (every process's event loop, this one's too: "
+        + "`EVENT_LOOP=auto`).\n",
     ]
     if kept:
         was = kept.pop("machine", "")
@@ -488,7 +491,7 @@ def main() -> None:
         help="pause part: plain Redis and the stand-in LangGraph saver (no Redis Stack)",
     )
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"), help="markdown output file")
-    raise SystemExit(asyncio.run(amain(ap.parse_args())))
+    raise SystemExit(event_loop.run(amain(ap.parse_args())))
 
 
 if __name__ == "__main__":

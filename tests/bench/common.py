@@ -407,6 +407,7 @@ def machine() -> dict[str, str]:
         "langchain-core": _version("langchain-core"),
         "langgraph-checkpoint-redis": _version("langgraph-checkpoint-redis"),
         "redisvl": _version("redisvl"),
+        "uvloop": _version("uvloop"),
     }
 
 

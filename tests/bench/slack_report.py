@@ -42,7 +42,8 @@ def machine() -> str:
     ).stdout.split()
     version = next((w.split("=", 1)[1] for w in redis_v if w.startswith("v=")), "?")
     pkgs = ", ".join(
-        f"{p} {metadata.version(p)}" for p in ("slack_bolt", "slack_sdk", "aiohttp", "redis")
+        f"{p} {metadata.version(p)}"
+        for p in ("slack_bolt", "slack_sdk", "aiohttp", "redis", "uvloop")
     )
     return (
         f"{os.cpu_count()} x {cpu} (nproc {len(os.sched_getaffinity(0))}); "

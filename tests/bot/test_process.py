@@ -98,4 +98,6 @@ async def test_web_process_serves_slack(
     output = log.read_text()
     assert fake_slack.token not in output and SIGNING_SECRET not in output, "no secrets in logs"
     assert "web ready" in output
+    # uvloop is a dependency on Linux, and EVENT_LOOP's default (auto) takes it.
+    assert "one Redis, uvloop)" in output, output
     assert "will be unused" not in output, "Bolt read SLACK_BOT_TOKEN from the environment"

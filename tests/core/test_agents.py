@@ -347,6 +347,7 @@ async def test_the_worker_process_serves_every_agent_of_agents(
     assert (await gw.wait(run.run_id, timeout=15)).final == "paid"
     assert p.stop() == 0
     assert "serving agents 'test-ops', 'billing'" in p.output()
+    assert "one Redis, 16 shards, uvloop)" in p.output(), p.output()
 
 
 def test_the_worker_process_refuses_agent_and_agents_together(

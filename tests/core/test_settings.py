@@ -275,6 +275,11 @@ def worker_exits(redis_server: RedisServer | ExternalRedis) -> Iterator[dict[str
             "OPENAI_API_KEY": SECRET,
             "APPROVAL_TIMEOUT": "abc",
         },
+        "event_loop_tokio": {
+            "REDIS_URL": redis_url,
+            "OPENAI_API_KEY": SECRET,
+            "EVENT_LOOP": "tokio",
+        },
         "agent_unimportable": {
             "REDIS_URL": redis_url,
             "OPENAI_API_KEY": SECRET,
@@ -330,6 +335,7 @@ def one_line(result: Exit) -> str:
     [
         ("openai_key_unset", "OPENAI_API_KEY", "OPENAI_API_KEY is not set"),
         ("approval_timeout_abc", "APPROVAL_TIMEOUT", "APPROVAL_TIMEOUT is invalid"),
+        ("event_loop_tokio", "EVENT_LOOP", "EVENT_LOOP is invalid"),
         ("agent_unimportable", "AGENT", "AGENT is invalid: no module named 'nope.mod'"),
         ("agent_in_cwd", "AGENT", "has no attribute 'not_an_agent_attribute'"),
         ("redis_unreachable", "REDIS_URL", "REDIS_URL"),
