@@ -28,7 +28,7 @@ from tests.bench.cluster_throughput import (
     cluster_tables,
     run_cluster_throughput_bench,
 )
-from tests.bench.common import machine
+from tests.bench.common import bench_event_loop, machine
 from tests.bench.memory import MemoryResult, memory_tables, run_memory_bench
 from tests.bench.pause import LG_DICTS, PauseResults, run_pause_bench
 from tests.bench.pause_tables import commands_table, pause_tables, target_lines
@@ -306,7 +306,7 @@ async def amain(args: argparse.Namespace) -> int:
     parts = set(args.only.split(",")) if args.only else {"pause", "throughput", "memory"}
     quick = args.quick
     t_all = time.perf_counter()
-    info = machine()
+    info = machine() | {"event_loop": event_loop.running_loop_name()}
     sections: dict[str, str] = {}  # part number → its markdown
     printed: list[Table] = []
 
@@ -452,8 +452,8 @@ async def amain(args: argparse.Namespace) -> int:
         + f"langgraph {info['langgraph']}; langchain-core {info['langchain-core']}; "
         + "langgraph-checkpoint-redis "
         + f"{info['langgraph-checkpoint-redis']}; redisvl {info['redisvl']}; "
-        + f"uvloop {info['uvloop']} (every process's event loop, this one's too: "
-        + "`EVENT_LOOP=auto`).\n",
+        + f"uvloop {info['uvloop']}; event loop of every process, this one's too: "
+        + f"{info['event_loop']} (`EVENT_LOOP`).\n",
     ]
     if kept:
         was = kept.pop("machine", "")
@@ -491,7 +491,7 @@ def main() -> None:
         help="pause part: plain Redis and the stand-in LangGraph saver (no Redis Stack)",
     )
     ap.add_argument("--out", default=str(HERE / "RESULTS.md"), help="markdown output file")
-    raise SystemExit(event_loop.run(amain(ap.parse_args())))
+    raise SystemExit(event_loop.run(amain(ap.parse_args()), bench_event_loop()))
 
 
 if __name__ == "__main__":

@@ -32,11 +32,13 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_args
 
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
+
+from agent_core.event_loop import EventLoopChoice
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -373,6 +375,14 @@ def _version(dist: str) -> str:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+def bench_event_loop() -> EventLoopChoice:
+    """The loop the bench's processes run on: ``EVENT_LOOP`` as the gateway reads it."""
+    choice = os.environ.get("EVENT_LOOP", "auto")
+    if choice not in get_args(EventLoopChoice):
+        raise SystemExit(f"EVENT_LOOP={choice!r}: auto, uvloop or asyncio")
+    return cast(EventLoopChoice, choice)
 
 
 def machine() -> dict[str, str]:

@@ -108,6 +108,8 @@ class WorkerProcess(_Proc):
             "KEY_PREFIX": "bench",
             "APPROVAL_TIMEOUT": "3600",
             "LOG_LEVEL": "WARNING",
+            # The bench's own EVENT_LOOP (auto unless set), so one setting compares loops.
+            "EVENT_LOOP": os.environ.get("EVENT_LOOP", "auto"),
             **extra,
         }
         self.log = log

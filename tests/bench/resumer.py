@@ -35,7 +35,14 @@ from openai import AsyncOpenAI
 
 from agent_core import create_redis, event_loop
 from tests.bench import agent as bench_agent
-from tests.bench.common import REPO, ModelCall, ModelClock, Traffic, count_traffic
+from tests.bench.common import (
+    REPO,
+    ModelCall,
+    ModelClock,
+    Traffic,
+    bench_event_loop,
+    count_traffic,
+)
 
 
 @dataclass
@@ -190,7 +197,7 @@ async def serve(url: str, base_url: str) -> None:
 def main() -> None:
     url, base_url = sys.argv[1:3]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    event_loop.run(serve(url, base_url))
+    event_loop.run(serve(url, base_url), bench_event_loop())
 
 
 if __name__ == "__main__":
