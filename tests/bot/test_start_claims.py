@@ -43,7 +43,11 @@ from tests.tcp_proxy import TcpProxy
 async def lapse_claim(redis: Redis, ident: str) -> None:
     """Let a dead delivery's claim on a message lapse now, as it does after CLAIM_SECONDS."""
     keys = Keys(PREFIX)
-    await redis.pexpire(keys.ext(MESSAGE_NS, ident, keys.shard_for(ident)), 1)
+    key = keys.ext(MESSAGE_NS, ident, keys.shard_for(ident))
+    await redis.pexpire(key, 1)
+    # Gone before the next delivery: one sent within the millisecond would find it held.
+    while await redis.exists(key):
+        await asyncio.sleep(0.001)
 
 
 async def test_a_mention_whose_web_dies_before_its_ack_is_finished_by_slacks_retry(
