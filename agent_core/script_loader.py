@@ -22,7 +22,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
+
+from . import direct
 
 _INCLUDE = re.compile(r"^--!include\s+([A-Za-z0-9_]+\.lua)\s*$")
 _COMMENT = re.compile(r"^\s*--(?!!include)")
@@ -76,13 +78,28 @@ class ScriptSet:
     def __init__(self, redis: Redis) -> None:
         self.redis = redis
         self._registered: dict[str, AsyncScript] = {}
+        # Sent by agent_core.direct on a single-node client (a cluster client routes them).
+        self._direct = direct.usable(redis)
 
     def source(self, name: str) -> str:
         """Script ``name``'s text, as Redis receives it."""
         return source(self.package, name)
 
     async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
-        return await self._script(name)(keys=keys, args=args)
+        if not self._direct:
+            return await self._script(name)(keys=keys, args=args)
+        (reply,) = await direct.execute(self.redis, self._evalsha(name, keys, args))
+        if isinstance(reply, NoScriptError):  # a server restarted without its script cache
+            (reply,) = await direct.execute(self.redis, self._eval(name, keys, args))
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
+    def _evalsha(self, name: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
+        return ("EVALSHA", self._script(name).sha, len(keys), *keys, *args)
+
+    def _eval(self, name: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
+        return ("EVAL", self.source(name), len(keys), *keys, *args)
 
     def _script(self, name: str) -> AsyncScript:
         script = self._registered.get(name)
@@ -98,6 +115,19 @@ class ScriptSet:
         twice (into Lua, then out into the reply): ~30 times the server's time of a plain
         LRANGE for a long history. A script the server does not know is sent whole (EVAL),
         as on a replica just promoted."""
+        if self._direct:
+            listing = ("LRANGE", list_key, 0, -1)
+            reply, listed = await direct.execute(
+                self.redis, self._evalsha(name, keys, args), listing
+            )
+            if isinstance(reply, NoScriptError):
+                reply, listed = await direct.execute(
+                    self.redis, self._eval(name, keys, args), listing
+                )
+            for result in (reply, listed):
+                if isinstance(result, ResponseError):
+                    raise result
+            return reply, listed
         script = self._script(name)
         try:
             return await self._pipelined(("EVALSHA", script.sha), keys, args, list_key)

@@ -25,27 +25,46 @@ def script_shas(*packages: str) -> dict[str, str]:
     }
 
 
+def _commands(packed: bytes) -> list[list[bytes]]:
+    """The first two arguments of each command in a RESP request."""
+    out: list[list[bytes]] = []
+    i = 0
+    while i < len(packed):
+        end = packed.index(b"\r\n", i)
+        argc, i = int(packed[i + 1 : end]), end + 2
+        args: list[bytes] = []
+        for _ in range(argc):
+            end = packed.index(b"\r\n", i)
+            length, i = int(packed[i + 1 : end]), end + 2
+            if len(args) < 2:
+                args.append(packed[i : i + length])
+            i += length + 2
+        out.append(args)
+    return out
+
+
 def recording(log: list[str], names: dict[str, str]) -> type[Connection]:
-    """A connection class appending to ``log`` what each round trip sends."""
+    """A connection class appending to ``log`` what each round trip sends (what one write
+    carries: every path to the socket, redis-py's and :mod:`agent_core.direct`'s)."""
 
     class Recording(Connection):
-        piped: list[str] | None = None
-
-        def pack_command(self, *args: Any) -> Any:
-            name = str(args[0]).upper()
-            if name in ("EVALSHA", "EVAL"):
-                sha = args[1] if name == "EVALSHA" else hashlib.sha1(str(args[1]).encode())
-                name = names.get(sha if isinstance(sha, str) else sha.hexdigest(), name)
-            (log if self.piped is None else self.piped).append(name)
-            return super().pack_command(*args)
-
-        def pack_commands(self, commands: Any) -> Any:
-            self.piped = []
-            try:
-                return super().pack_commands(commands)
-            finally:
-                log.append("+".join(self.piped))
-                self.piped = None
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            packed = (
+                command
+                if isinstance(command, bytes)
+                else b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in command)
+            )
+            sent = []
+            for args in _commands(packed):
+                name = args[0].decode().upper()
+                if name in ("EVALSHA", "EVAL"):
+                    sha = (
+                        args[1].decode() if name == "EVALSHA" else hashlib.sha1(args[1]).hexdigest()
+                    )
+                    name = names.get(sha, name)
+                sent.append(name)
+            log.append("+".join(sent))
+            await super().send_packed_command(command, check_health)
 
     return Recording
 
