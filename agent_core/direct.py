@@ -17,7 +17,7 @@ not see these commands.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import hiredis
@@ -46,9 +46,10 @@ def pack(*commands: Command) -> bytes:
         raise DataError(f"invalid argument in a Redis command: {exc}") from None
 
 
-async def execute(redis: Redis, *commands: Command) -> list[Any]:
+async def execute(redis: Redis, *commands: Command, raw: Container[int] = ()) -> list[Any]:
     """Send ``commands`` in one round trip; their replies in order, an error reply as the
-    :class:`~redis.exceptions.ResponseError` it parses to (returned, not raised)."""
+    :class:`~redis.exceptions.ResponseError` it parses to (returned, not raised). The replies
+    of the commands at the positions in ``raw`` are read as bytes, never decoded."""
     packed = pack(*commands)
     count = len(commands)
     pool = redis.connection_pool
@@ -57,9 +58,9 @@ async def execute(redis: Redis, *commands: Command) -> list[Any]:
     async def attempt() -> list[Any]:
         await conn.send_packed_command(packed)
         replies: list[Any] = []
-        for _ in range(count):
+        for i in range(count):
             try:
-                replies.append(await conn.read_response())
+                replies.append(await conn.read_response(disable_decoding=i in raw))
             except ResponseError as exc:  # the reply was read: the next one follows
                 replies.append(exc)
         return replies

@@ -164,12 +164,12 @@ class ModelTurn(RunnerState):
                 recorded.append((after.turn, after.gate_hashes))
         return after.run
 
-    def request_body(self, history: list[str]) -> bytes:
+    def request_body(self, history: list[bytes]) -> bytes:
         """The Chat Completions request for a history given as stored (each message's JSON)."""
         head = self._head()
         if not history:
             return head + b"]}"
-        return b"".join((head, b",", ",".join(history).encode(), b"]}"))
+        return b"".join((head, b",", b",".join(history), b"]}"))
 
     async def _complete_model(
         self, request: bytes, run_id: str = "", lost: asyncio.Event | None = None

@@ -109,20 +109,22 @@ class ScriptSet:
 
     async def _run_then_lrange(
         self, name: str, keys: list[str], args: list[Any], list_key: str
-    ) -> tuple[Any, list[str]]:
+    ) -> tuple[Any, list[bytes]]:
         """Script ``name``, then ``LRANGE list_key 0 -1``: one round trip (a pipeline, not a
         transaction; the callers say why that is enough). A list read inside Lua is copied
         twice (into Lua, then out into the reply): ~30 times the server's time of a plain
         LRANGE for a long history. A script the server does not know is sent whole (EVAL),
-        as on a replica just promoted."""
+        as on a replica just promoted. The list comes as bytes: the history's messages are
+        spliced into a request body as they are (on one node never decoded, then encoded
+        again: ~0.1 ms at 1,000 pairs)."""
         if self._direct:
             listing = ("LRANGE", list_key, 0, -1)
             reply, listed = await direct.execute(
-                self.redis, self._evalsha(name, keys, args), listing
+                self.redis, self._evalsha(name, keys, args), listing, raw=(1,)
             )
             if isinstance(reply, NoScriptError):
                 reply, listed = await direct.execute(
-                    self.redis, self._eval(name, keys, args), listing
+                    self.redis, self._eval(name, keys, args), listing, raw=(1,)
                 )
             for result in (reply, listed):
                 if isinstance(result, ResponseError):
@@ -130,9 +132,10 @@ class ScriptSet:
             return reply, listed
         script = self._script(name)
         try:
-            return await self._pipelined(("EVALSHA", script.sha), keys, args, list_key)
+            reply, text = await self._pipelined(("EVALSHA", script.sha), keys, args, list_key)
         except NoScriptError:
-            return await self._pipelined(("EVAL", self.source(name)), keys, args, list_key)
+            reply, text = await self._pipelined(("EVAL", self.source(name)), keys, args, list_key)
+        return reply, [m.encode() for m in text]
 
     async def _pipelined(
         self, head: tuple[str, str], keys: list[str], args: list[Any], list_key: str

@@ -37,7 +37,7 @@ class Began:
     read: ModelRead | None = None
 
     @classmethod
-    def of(cls, reply: list[Any], history: list[str] | None = None) -> Began:
+    def of(cls, reply: list[Any], history: list[bytes] | None = None) -> Began:
         """``history``: the run's, read after the script (needed when it read for the model:
         :attr:`needs_history` says so when it was not read)."""
 
@@ -81,17 +81,17 @@ class Lease:
 @dataclass(frozen=True)
 class ModelRead:
     """READ_FOR_MODEL's answer: the lease as it stands, the run's turn and phase, the Redis
-    clock, and the history (each message's JSON, as stored)."""
+    clock, and the history (each message's JSON, as stored: UTF-8 bytes)."""
 
     fence: str
     lease_until: float
     turn: str
     phase: str
     now: str
-    history: list[str]
+    history: list[bytes]
 
     @classmethod
-    def of(cls, reply: list[Any], history: list[str] | None) -> ModelRead:
+    def of(cls, reply: list[Any], history: list[bytes] | None) -> ModelRead:
         """From the script's reply and the history read right after it (a read without
         it is a caller's mistake: never a model call on an empty history)."""
         if history is None:

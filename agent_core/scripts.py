@@ -70,7 +70,7 @@ def _flat(fields: dict[str, str] | Sequence[str]) -> list[str]:
     return list(fields)
 
 
-def _step(reply: Any, history: list[str] | None = None) -> Step:
+def _step(reply: Any, history: list[bytes] | None = None) -> Step:
     """RECORD_TURN's or FINISH_TURN's reply as a :class:`Step` (``history``: FINISH_TURN's
     read, the LRANGE after it)."""
     if reply == "lost" or (isinstance(reply, list) and reply[:1] == ["lost"]):
@@ -187,7 +187,7 @@ class Scripts(GateScripts):
         elif attempt:
             args += ["", "", attempt]
         reached = -1
-        history: list[str] | None = None
+        history: list[bytes] | None = None
         if replicas > 0 and batch and turn is not None:
             res, reached = await eval_replicated(
                 self.redis, self.source("acquire_lease"), keys, args, replicas, wait_ms
@@ -211,7 +211,7 @@ class Scripts(GateScripts):
             if history is None and read:
                 # A resume job found its run in phase `model` (its turn was recorded by an
                 # earlier attempt): the history costs one more round trip here.
-                history = await self.redis.lrange(keys[2], 0, -1)
+                history = [m.encode() for m in await self.redis.lrange(keys[2], 0, -1)]
             began = Began.of(res[3], history)
         return Lease(status, str(res[1]), res[2], began=began, replicas=reached)
 

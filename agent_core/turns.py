@@ -76,7 +76,7 @@ def json_object_or_empty(arguments: str) -> str:
 
 
 def assistant_message(
-    c: Completion, history: list[str], wire_calls: list[dict[str, Any]]
+    c: Completion, history: list[bytes], wire_calls: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The assistant message to store for completion ``c``, given the history it answered
     (as stored) and its calls as planned (``wire_calls``, each with the call's own fields)."""

@@ -362,3 +362,29 @@ async def test_a_run_that_never_stops_calling_tools_fails_at_max_turns(
         assert len(fake_openai.requests_for("loop")) == 3
     finally:
         await h.close()
+
+
+async def test_a_history_in_any_script_reaches_the_model_as_it_was_written(
+    harness: Harness, fake_openai: FakeOpenAI
+) -> None:
+    # The stored messages are spliced into the request body as the bytes Redis holds (on
+    # one node never decoded): multi-byte UTF-8 and escapes must arrive intact, twice.
+    task = 'supprime l\'utilisateur 42 — «vite» ✓ 日本語 "quoted" \\ back\nnew line 🙂'
+    answer = "Gelöscht: 42 ✓ 🙂 «fini»"
+
+    def saw_everything(m: list[dict[str, Any]]) -> None:
+        assert [x["content"] for x in m if x["role"] == "user"] == [task]
+        assert last_tool(m) == "user 42 deleted"
+
+    fake_openai.script(
+        task, [call("delete_user", {"user_id": "42"}), reply(answer, expect=saw_everything)]
+    )
+    run = await harness.gateway.start_run(task, requested_by="U1")
+    [opened] = await harness.opened_gates(run.run_id, 1)
+    await harness.gateway.decide(opened.data["gate_id"], Decision.APPROVE, by="U2")
+    done = await harness.wait_finished(run.run_id)
+    assert (done.status, done.final) == (RunStatus.COMPLETED, answer)
+    bodies = fake_openai.requests_for(task)
+    assert len(bodies) == 2
+    assert bodies[0]["messages"][1] == {"role": "user", "content": task}
+    assert bodies[1]["messages"][1] == {"role": "user", "content": task}
