@@ -169,7 +169,8 @@ class ModelTurn(RunnerState):
         head = self._head()
         if not history:
             return head + b"]}"
-        return b"".join((head, b",", b",".join(history), b"]}"))
+        # One join, so one buffer of the body's size (a long history's body is megabytes).
+        return b",".join([head, *history[:-1], history[-1] + b"]}"])
 
     async def _complete_model(
         self, request: bytes, run_id: str = "", lost: asyncio.Event | None = None

@@ -33,7 +33,7 @@ from .gateway import Gateway, valid_run_id
 from .keys import Keys
 from .nudges import NudgeSweeper
 from .runner import JobRef, Runner
-from .runtime import freeze_startup_heap
+from .runtime import freeze_startup_heap, keep_large_buffers
 from .script_replies import Began, LeaseStatus
 from .scripts import Scripts
 from .settings import Settings, exit_on_config_error, importable_from_cwd, load_agents
@@ -604,6 +604,7 @@ async def serve(settings: Settings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     freeze_startup_heap()
+    keep_large_buffers()
     await run_worker(settings, stop=stop)
 
 

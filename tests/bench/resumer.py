@@ -34,6 +34,7 @@ from typing import Any
 from openai import AsyncOpenAI
 
 from agent_core import create_redis, event_loop
+from agent_core.runtime import freeze_startup_heap, keep_large_buffers
 from tests.bench import agent as bench_agent
 from tests.bench.common import (
     REPO,
@@ -151,6 +152,9 @@ async def serve(url: str, base_url: str) -> None:
     gate.install(worker)
     tool = ToolProbe()
     bench_agent.on_tool_start = tool.mark
+    # The process-level tuning of a worker process (agent_core.worker.serve).
+    freeze_startup_heap()
+    keep_large_buffers()
     task = asyncio.create_task(worker.run())
     loop = asyncio.get_running_loop()
     stdin = asyncio.StreamReader()
