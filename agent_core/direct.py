@@ -22,20 +22,15 @@ from typing import Any
 
 import hiredis
 from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import DataError, ResponseError
 
 Command = Sequence[Any]
 
 
 def usable(redis: Redis) -> bool:
-    """True for a plain single-node client (a pool, no single connection of its own)."""
-    return (
-        type(redis) is Redis
-        and not isinstance(redis, RedisCluster)
-        and redis.connection is None
-        and not redis.single_connection_client
-    )
+    """True for a plain single-node client (a pool, no single connection of its own); the
+    cluster client is another class."""
+    return type(redis) is Redis and redis.connection is None and not redis.single_connection_client
 
 
 def pack(*commands: Command) -> bytes:
@@ -73,11 +68,3 @@ async def execute(redis: Redis, *commands: Command, raw: Container[int] = ()) ->
         return replies
     finally:
         await pool.release(conn)
-
-
-async def call(redis: Redis, *command: Any) -> Any:
-    """One command; its reply, or its error reply raised."""
-    (reply,) = await execute(redis, command)
-    if isinstance(reply, ResponseError):
-        raise reply
-    return reply

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Container
 from importlib import resources
 from typing import Any
 
@@ -88,18 +89,29 @@ class ScriptSet:
     async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         if not self._direct:
             return await self._script(name)(keys=keys, args=args)
-        (reply,) = await direct.execute(self.redis, self._evalsha(name, keys, args))
-        if isinstance(reply, NoScriptError):  # a server restarted without its script cache
-            (reply,) = await direct.execute(self.redis, self._eval(name, keys, args))
-        if isinstance(reply, ResponseError):
-            raise reply
+        (reply,) = await self._send_direct(name, keys, args)
         return reply
 
-    def _evalsha(self, name: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
-        return ("EVALSHA", self._script(name).sha, len(keys), *keys, *args)
-
-    def _eval(self, name: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
-        return ("EVAL", self.source(name), len(keys), *keys, *args)
+    async def _send_direct(
+        self,
+        name: str,
+        keys: list[str],
+        args: list[Any],
+        *after: direct.Command,
+        raw: Container[int] = (),
+    ) -> list[Any]:
+        """Script ``name``, then the commands ``after``, in one round trip through
+        :mod:`agent_core.direct`: their replies, the first error reply raised. A server
+        without the script (restarted, or a replica just promoted) gets it whole (EVAL)."""
+        sent = ("EVALSHA", self._script(name).sha, len(keys), *keys, *args)
+        replies = await direct.execute(self.redis, sent, *after, raw=raw)
+        if isinstance(replies[0], NoScriptError):
+            sent = ("EVAL", self.source(name), len(keys), *keys, *args)
+            replies = await direct.execute(self.redis, sent, *after, raw=raw)
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
+        return replies
 
     def _script(self, name: str) -> AsyncScript:
         script = self._registered.get(name)
@@ -119,16 +131,7 @@ class ScriptSet:
         again: ~0.1 ms at 1,000 pairs)."""
         if self._direct:
             listing = ("LRANGE", list_key, 0, -1)
-            reply, listed = await direct.execute(
-                self.redis, self._evalsha(name, keys, args), listing, raw=(1,)
-            )
-            if isinstance(reply, NoScriptError):
-                reply, listed = await direct.execute(
-                    self.redis, self._eval(name, keys, args), listing, raw=(1,)
-                )
-            for result in (reply, listed):
-                if isinstance(result, ResponseError):
-                    raise result
+            reply, listed = await self._send_direct(name, keys, args, listing, raw=(1,))
             return reply, listed
         script = self._script(name)
         try:

@@ -25,8 +25,9 @@ def script_shas(*packages: str) -> dict[str, str]:
     }
 
 
-def _commands(packed: bytes) -> list[list[bytes]]:
-    """The first two arguments of each command in a RESP request."""
+def request_commands(packed: bytes) -> list[list[bytes]]:
+    """The first two arguments (at most) of each command in a RESP request: one per command
+    of a pipeline."""
     out: list[list[bytes]] = []
     i = 0
     while i < len(packed):
@@ -55,7 +56,7 @@ def recording(log: list[str], names: dict[str, str]) -> type[Connection]:
                 else b"".join(c.encode() if isinstance(c, str) else bytes(c) for c in command)
             )
             sent = []
-            for args in _commands(packed):
+            for args in request_commands(packed):
                 name = args[0].decode().upper()
                 if name in ("EVALSHA", "EVAL"):
                     sha = (

@@ -39,6 +39,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 
 from agent_core.event_loop import EventLoopChoice
+from tests.redis_counting import request_commands
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -117,18 +118,7 @@ class _CountingConnection(Connection):
 
 def command_names(packed: bytes) -> list[str]:
     """The command names in a packed (RESP) request: one per command of a pipeline."""
-    names: list[str] = []
-    i = 0
-    while i < len(packed):
-        end = packed.index(b"\r\n", i)
-        argc, i = int(packed[i + 1 : end]), end + 2
-        for arg in range(argc):
-            end = packed.index(b"\r\n", i)
-            length, i = int(packed[i + 1 : end]), end + 2
-            if arg == 0:
-                names.append(packed[i : i + length].decode().lower())
-            i += length + 2
-    return names
+    return [args[0].decode().lower() for args in request_commands(packed)]
 
 
 def count_traffic(client: Redis, traffic: Traffic) -> Redis:

@@ -15,6 +15,14 @@ from agent_core.connections import create_redis
 from agent_core.script_loader import ScriptSet
 
 
+async def call(redis: Redis, *command: object) -> object:
+    """One command through ``direct.execute``: its reply, or its error reply raised."""
+    (reply,) = await direct.execute(redis, command)
+    if isinstance(reply, ResponseError):
+        raise reply
+    return reply
+
+
 async def test_it_packs_byte_for_byte_what_redis_py_packs(redis: Redis) -> None:
     command = ("EVALSHA", "f" * 40, 2, "k1", "ключ", 0.1, 1e-7, 2**70, -3, 1.5, b"\x00raw", "")
     conn = redis.connection_pool.make_connection()
@@ -34,9 +42,9 @@ async def test_replies_come_in_order_and_an_error_reply_is_returned_not_raised(
         assert isinstance(replies[1], ResponseError) and "WRONGTYPE" in str(replies[1])
         assert replies[2] == ["a", "b"]  # decoded, as the client is configured
         # The connection read every reply: the next command gets its own.
-        assert await direct.call(client, "GET", "s") == "v"
+        assert await call(client, "GET", "s") == "v"
         with pytest.raises(ResponseError, match="WRONGTYPE"):
-            await direct.call(client, "LPUSH", "s", "x")
+            await call(client, "LPUSH", "s", "x")
         assert await client.get("s") == "v"
     finally:
         await client.aclose()
@@ -45,17 +53,17 @@ async def test_replies_come_in_order_and_an_error_reply_is_returned_not_raised(
 async def test_a_refused_argument_raises_data_error_and_sends_nothing(redis: Redis) -> None:
     for bad in (None, True, object()):
         with pytest.raises(DataError, match="invalid argument"):
-            await direct.call(redis, "SET", "k", bad)
+            await call(redis, "SET", "k", bad)
     assert await redis.exists("k") == 0
 
 
 async def test_a_dropped_connection_is_retried_on_a_new_one(redis_url: str, redis: Redis) -> None:
     client = create_redis(redis_url, max_connections=1)
     try:
-        await direct.call(client, "CLIENT", "SETNAME", "direct-test")
+        await call(client, "CLIENT", "SETNAME", "direct-test")
         killed = await redis.execute_command("CLIENT", "KILL", "SKIPME", "yes", "TYPE", "normal")
         assert killed >= 1  # the pooled connection is gone; the client does not know yet
-        assert await direct.call(client, "INCR", "n") == 1  # sent again once, on a new one
+        assert await call(client, "INCR", "n") == 1  # sent again once, on a new one
         assert await redis.get("n") == "1"
     finally:
         await client.aclose()
