@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import cards
-from .acking import FormAnswer
+from .acking import Flag, FormAnswer, first_of
 from .clicks import channel_of, form_metadata, guard, home_clicked, tell, user_id_of
 from .context import BotContext
 
@@ -35,7 +35,7 @@ RECORDED_NOW = "✅ Your {what} is recorded now."
 class Outcome:
     """What became of one click, for the handler that must acknowledge it in time."""
 
-    durable: asyncio.Event = field(default_factory=asyncio.Event)  # decision stored in Redis
+    durable: Flag = field(default_factory=Flag)  # decision stored in Redis
     applied: bool = False  # this click's decision is the gate's
     channel: str | None = None  # where the clicker can be told
 
@@ -59,11 +59,7 @@ async def told_late(ctx: BotContext, body: dict[str, Any], answer: FormAnswer, w
 async def settled_in_time(task: asyncio.Future[None], outcome: Outcome) -> bool:
     """Wait until the click's decision is durable in Redis or its handler is done, for at
     most ACK_BUDGET_SECONDS (Slack's limit is 3 s); ``False`` if neither happened."""
-    waiter = asyncio.ensure_future(outcome.durable.wait())
-    either: set[asyncio.Future[Any]] = {task, waiter}
-    await asyncio.wait(either, timeout=ACK_BUDGET_SECONDS, return_when=asyncio.FIRST_COMPLETED)
-    waiter.cancel()
-    return task.done() or outcome.durable.is_set()
+    return await first_of(outcome.durable, task, ACK_BUDGET_SECONDS)
 
 
 async def ack_when_durable(
