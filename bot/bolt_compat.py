@@ -36,7 +36,6 @@ behaviour it answers. What Bolt does, and why the app does not let it:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -75,25 +74,27 @@ def _is_json_body(body: str, content_type: str) -> bool:
     return content_type == "application/json" or body.startswith("{")
 
 
-def malformed_payload(body: str, content_type: str) -> bool:
-    """True for a JSON body, or a ``payload=`` form field, whose JSON Bolt's matchers would
-    trip over: they index fields without checking their types (fuzzing found KeyError,
-    TypeError, AttributeError and IndexError, each answered 500)."""
-    if _is_json_body(body, content_type):
-        raw = body
-    elif body.startswith("payload=") or "&payload=" in body:
-        raw = parse_qs(body).get("payload", [""])[-1]  # Bolt reads the last one
-    else:
-        # A form (a slash command): every field is text, and Slack sends none of the names
-        # Bolt reads as objects; one such field (``event=x``) made its middleware fail
-        # with AttributeError, answered 500 (fuzzing found it).
-        fields = parse_qs(body, keep_blank_values=True)
-        return any(name in fields for name in _FORM_OBJECTS)
-    try:
-        payload = json.loads(raw)
-    except ValueError:
+def plain_form(body: str, content_type: str) -> bool:
+    """Whether Bolt reads ``body`` as a plain form (a slash command), not as JSON nor as an
+    interactive ``payload=`` form (after :func:`payload_word_escaped` where it applies)."""
+    return not _is_json_body(body, content_type) and "payload" not in body
+
+
+def malformed_payload(parsed: Any, *, form: bool) -> bool:
+    """True for a request body as Bolt parsed it (``AsyncBoltRequest.body``: the JSON, the
+    ``payload=`` field's JSON, or a plain ``form``) whose fields Bolt's matchers would trip
+    over: they index fields without checking their types (fuzzing found KeyError,
+    TypeError, AttributeError and IndexError, each answered 500). Checked on Bolt's own
+    parse, so a click's body is parsed once."""
+    if not isinstance(parsed, dict):
         return True
-    if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
+    if form:
+        # Every field of a form is text, and Slack sends none of the names Bolt reads as
+        # objects; one such field (``event=x``) made its middleware fail with
+        # AttributeError, answered 500 (fuzzing found it).
+        return any(name in parsed for name in _FORM_OBJECTS)
+    payload = parsed
+    if not isinstance(payload.get("type"), str):
         return True
 
     def bad(obj: dict[str, Any]) -> bool:

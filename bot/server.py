@@ -94,14 +94,17 @@ def build_web_app(
         except UnicodeDecodeError:
             return web.json_response({"error": "malformed payload"}, status=400)
         headers: Headers = {k: request.headers.getall(k) for k in request.headers}
-        if bolt_compat.malformed_payload(body, request.content_type):
-            log.warning("a signed Slack request with a malformed payload was refused")
-            return web.json_response({"error": "malformed payload"}, status=400)
         if bolt_compat.form_read_as_empty(body, request.content_type):
             body = bolt_compat.payload_word_escaped(body)
         try:
             bolt_req = AsyncBoltRequest(body=body, query=request.query_string, headers=headers)
-        except Exception:
+            malformed = bolt_compat.malformed_payload(
+                bolt_req.body, form=bolt_compat.plain_form(body, request.content_type)
+            )
+        except Exception:  # JSON that is not JSON, or of a shape Bolt's parse trips over
+            malformed = True
+        if malformed:
+            log.warning("a signed Slack request with a malformed payload was refused")
             return web.json_response({"error": "malformed payload"}, status=400)
         try:
             bolt_resp = await bolt.async_dispatch(bolt_req)
