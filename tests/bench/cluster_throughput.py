@@ -29,6 +29,7 @@ from tests.bench.procs import FakeModelProcess
 from tests.bench.throughput import (
     KEYS,
     RUN_HEADER,
+    OneNode,
     ThroughputResult,
     ThroughputResults,
     cpu_components,
@@ -37,8 +38,11 @@ from tests.bench.throughput import (
     run_row,
 )
 from tests.redis_cluster import ClusterServer
+from tests.redis_server import RedisServer
 
 SPREAD_TARGET = 1.2  # issue 9: keys on the busiest master ≤ 1.2x the least busy
+CPU_TARGET = 1.3  # issue 21: all processes' CPU per run on the cluster ≤ 1.3x one node's
+OURS = ("worker", "driver", "redis-server")  # the fake model is the control: not ours
 
 Table = tuple[str, list[str], list[list[str]]]
 
@@ -113,6 +117,9 @@ class ClusterThroughput:
     replicas: int = 0
     shards_per_master: dict[int, int] = field(default_factory=dict)
     results: list[ThroughputResult] = field(default_factory=list)
+    # The same offered load on both: (one node, cluster) per worker count, at `rate` runs/s.
+    rate: float = 0.0
+    paced: list[tuple[ThroughputResult, ThroughputResult]] = field(default_factory=list)
 
 
 async def run_cluster_throughput_bench(
@@ -122,8 +129,14 @@ async def run_cluster_throughput_bench(
     seconds: float,
     concurrency: int,
     log: Callable[[str], None],
+    paced_workers: tuple[int, ...] = (1, 2),
 ) -> ClusterThroughput:
-    """Each worker count on a fresh (flushed) 3 + 3 cluster, bounded like the one-node runs."""
+    """Each worker count on a fresh (flushed) 3 + 3 cluster, bounded like the one-node runs.
+
+    Then, for ``paced_workers``, one node and the cluster alternately at the same offered
+    rate (three quarters of the cluster's slowest closed-loop rate above): the closed loop compares two
+    saturated machines doing different amounts of work per second, whose CPU per run also
+    differs by how much each batches; at one rate both do the same work."""
     out = ClusterThroughput(concurrency)
     logdir = Path(tempfile.mkdtemp(prefix="bench-cluster-workers-"))
     fake = FakeModelProcess()
@@ -155,12 +168,59 @@ async def run_cluster_throughput_bench(
                     f"{r.stats.seconds:.1f} s = {r.runs_per_s:.0f} runs/s; keys per master "
                     f"{list(r.key_spread.values())}"
                 )
+            if paced_workers and out.results:
+                out.rate = max(10.0, round(min(r.runs_per_s for r in out.results) * 0.75 / 10) * 10)
+                await _paced(out, target, fake, paced_workers, seconds, concurrency, logdir, log)
         finally:
             await asyncio.to_thread(cluster.close)
     finally:
         fake.stop()
     shutil.rmtree(logdir, ignore_errors=True)
     return out
+
+
+async def _paced(
+    out: ClusterThroughput,
+    cluster: ClusterTarget,
+    fake: FakeModelProcess,
+    workers: tuple[int, ...],
+    seconds: float,
+    concurrency: int,
+    logdir: Path,
+    log: Callable[[str], None],
+) -> None:
+    """One node, then the cluster, at ``out.rate`` runs/s, for each worker count."""
+    total = int(out.rate * seconds)
+    with RedisServer() as server:
+        one = OneNode(server)
+        for n in workers:
+            pair = []
+            for target in (one, cluster):
+                pair.append(
+                    await measure(
+                        target,
+                        fake,
+                        n,
+                        total=total,
+                        seconds=seconds + 5,
+                        concurrency=concurrency,
+                        logdir=logdir,
+                        rate=out.rate,
+                    )
+                )
+            o, c = pair
+            out.paced.append((o, c))
+            log(
+                f"  at {out.rate:.0f} runs/s, {n} worker(s): CPU per run "
+                f"{_cpu_ms(o):.2f} ms on one node, {_cpu_ms(c):.2f} ms on the cluster"
+            )
+
+
+def _cpu_ms(r: ThroughputResult, parts: tuple[str, ...] | None = None) -> float:
+    """CPU per completed run (ms) of every process, or of those whose label starts with
+    one of ``parts``."""
+    cpu = sum(v for k, v in r.cpu.items() if parts is None or k.startswith(parts))
+    return cpu / max(r.stats.completed, 1) * 1000
 
 
 # --------------------------------------------------------------------------- report
@@ -256,6 +316,41 @@ def cluster_tables(one: ThroughputResults, cl: ClusterThroughput) -> list[Table]
             ],
             _compare_rows(one, cl),
         ),
+        *_paced_tables(cl),
+    ]
+
+
+def _paced_tables(cl: ClusterThroughput) -> list[Table]:
+    if not cl.paced:
+        return []
+    rows = []
+    for o, c in cl.paced:
+        rows.append(
+            [
+                str(o.workers),
+                f"{o.runs_per_s:.0f} / {c.runs_per_s:.0f}",
+                f"{_cpu_ms(o):.2f} / {_cpu_ms(c):.2f}",
+                f"**{_cpu_ms(c) / _cpu_ms(o):.2f}x**",
+                f"{_cpu_ms(c, OURS) / _cpu_ms(o, OURS):.2f}x",
+                f"{_cpu_ms(o, ('redis-server',)):.2f} / {_cpu_ms(c, ('redis-server',)):.2f}",
+                f"{_cpu_ms(c, ('fake model',)) / _cpu_ms(o, ('fake model',)):.2f}x",
+            ]
+        )
+    return [
+        (
+            f"Cluster ÷ one node at the same offered load: {cl.rate:.0f} runs/s started on "
+            "both (open loop), one after the other",
+            [
+                "workers",
+                "runs/s one node / cluster",
+                "CPU per run ms, all processes: one node / cluster",
+                f"cluster ÷ one node (target ≤ {CPU_TARGET}x)",
+                "the same, without the fake model",
+                "of which redis-server ms",
+                "fake model: cluster ÷ one node (the same work: a control)",
+            ],
+            rows,
+        )
     ]
 
 
@@ -300,6 +395,39 @@ def cluster_lines(one: ThroughputResults, cl: ClusterThroughput) -> list[str]:
             f"runs/s on the cluster, {max(o.runs_per_s for o, _ in pairs):.0f} on one node). "
             "All processes share the same cores, so this is the cost of the cluster path "
             "here, not what a cluster on separate hosts would do."
+        )
+    if pairs:
+        closed = [_cpu_ms(c) / _cpu_ms(o) for o, c in pairs]
+        control = [
+            _cpu_ms(c, ("fake model",)) / _cpu_ms(o, ("fake model",))
+            for o, c in pairs
+            if _cpu_ms(o, ("fake model",))
+        ]
+        line = (
+            f"- CPU per run, all processes, each at its own full speed (closed loop): the "
+            f"cluster {min(closed):.2f}x to {max(closed):.2f}x one node's (target ≤ "
+            f"{CPU_TARGET}x: {'met' if max(closed) <= CPU_TARGET else '**not met**'})."
+        )
+        if control:
+            line += (
+                f" The fake model does the same work per run on both, yet its CPU per run "
+                f"was {min(control):.2f}x to {max(control):.2f}x: at full speed the cluster "
+                "runs fewer runs a second, so every process batches less per wake-up, and "
+                "its 6 redis-servers crowd the 2 cores."
+            )
+        lines.append(line)
+    if cl.paced:
+        ratios = [_cpu_ms(c) / _cpu_ms(o) for o, c in cl.paced]
+        control = [
+            _cpu_ms(c, ("fake model",)) / _cpu_ms(o, ("fake model",))
+            for o, c in cl.paced
+            if _cpu_ms(o, ("fake model",))
+        ]
+        lines.append(
+            f"- At the same offered load ({cl.rate:.0f} runs/s on both), the cluster's CPU per "
+            f"run, all processes, was {min(ratios):.2f}x to {max(ratios):.2f}x one node's "
+            f"(target ≤ {CPU_TARGET}x: {'met' if max(ratios) <= CPU_TARGET else '**not met**'}); "
+            + (f"the fake model's {min(control):.2f}x to {max(control):.2f}x." if control else "")
         )
     worst = [
         max(r.key_spread.values()) / min(r.key_spread.values())

@@ -78,7 +78,11 @@ class Driver:
             raise
         return cls(url, redis=redis, reader=reader)
 
-    async def drive(self, total: int, concurrency: int, max_seconds: float) -> DriveStats:
+    async def drive(
+        self, total: int, concurrency: int, max_seconds: float, rate: float | None = None
+    ) -> DriveStats:
+        """``rate``: start runs at this many a second (open loop, still at most
+        ``concurrency`` in flight) instead of as fast as runs finish."""
         last = await self._last_event_ids()
         started: dict[str, float] = {}
         latencies: list[float] = []
@@ -105,6 +109,10 @@ class Driver:
             nonlocal n_started
             try:
                 while n_started < total and time.perf_counter() < deadline:
+                    if rate is not None:
+                        wait = t_start + n_started / rate - time.perf_counter()
+                        if wait > 0:
+                            await asyncio.sleep(wait)
                     await slots.acquire()
                     run = await self.gateway.start_run(
                         TASK, requested_by="U-bench", origin={"channel": "C-bench"}
@@ -362,6 +370,7 @@ async def measure(
     logdir: Path,
     whatif: bool = False,
     on_load: Callable[[Workers], None] | None = None,
+    rate: float | None = None,
 ) -> ThroughputResult:
     """One configuration on an emptied ``target``: fresh workers, a warm-up, the window."""
     await target.flush()
@@ -379,7 +388,9 @@ async def measure(
             mem_before = await target.used_memory()
             if on_load is not None:
                 on_load(workers)
-            stats = await driver.drive(total=total, concurrency=concurrency, max_seconds=seconds)
+            stats = await driver.drive(
+                total=total, concurrency=concurrency, max_seconds=seconds, rate=rate
+            )
             cpu = {k: cpu_seconds(v) - before[k] for k, v in pids.items()}
             cpu["driver (bot side)"] = sum(os.times()[:2]) - driver_before
             machine_cpu = machine_busy_seconds() - machine_before
