@@ -249,7 +249,6 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
     turns = TurnActions(ctx)
 
     @app.block_action(cards.APPROVE_ACTION)
-    @at_ack(ctx)
     async def on_approve(
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:
@@ -264,7 +263,6 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         )
 
     @app.block_action(cards.TURN_APPROVE_ACTION)
-    @at_ack(ctx)
     async def on_approve_all(
         ack: Any, body: dict[str, Any], respond: Any, context: AsyncBoltContext
     ) -> None:
@@ -309,7 +307,6 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
             await guard(ctx, body, respond, actions.show_args(body, respond))
 
     @app.view(cards.DENY_CALLBACK)
-    @at_ack(ctx)
     async def on_deny_reason(ack: Any, body: dict[str, Any], context: AsyncBoltContext) -> None:
         external = is_external(body, home_team(body, context))
         await submit_when_durable(
@@ -317,7 +314,6 @@ def register(app: AsyncApp, ctx: BotContext) -> None:
         )
 
     @app.view(cards.TURN_DENY_CALLBACK)
-    @at_ack(ctx)
     async def on_deny_all_reason(ack: Any, body: dict[str, Any], context: AsyncBoltContext) -> None:
         external = is_external(body, home_team(body, context))
         await submit_when_durable(
