@@ -4,7 +4,8 @@ of the Slack latency benchmark, in a process of their own.
 They are :class:`tests.slack_fake.FakeSlack` and :class:`agent_core.testing.FakeOpenAI`, unchanged
 but for a timestamp and the garbage collector: the first ``chat.update`` that turns a gate card
 into its decided state is timed with ``time.monotonic()`` (the same clock in every process), to
-measure click → card updated; and what they keep is frozen every second (``_freeze_every``),
+measure click → card updated, and so is the first that shows the tool's outcome (the
+notifier's update, after the tool ran); and what they keep is frozen every second (``_freeze_every``),
 so that the collector's walks over it do not stall them as remote services never would. Running them here keeps their CPU time (every Slack call and every model
 call of the web and worker processes lands in them) off the load generator's GIL.
 
@@ -29,6 +30,7 @@ from agent_core.testing import FakeOpenAI, call, reply
 from tests.slack_fake import FakeSlack, SlackCall
 
 DECIDED_PREFIXES = ("Approved:", "Denied:", "Expired:", "Cancelled:")
+OUTCOMES = ("*Executed*", "*The tool failed*")  # a card's line once its tool ran (bot/cards.py)
 
 
 def gate_task(i: int) -> str:
@@ -40,12 +42,14 @@ def command_task(i: int) -> str:
 
 
 class TimedSlack(FakeSlack):
-    """A :class:`FakeSlack` that timestamps the first "decided" update of each message."""
+    """A :class:`FakeSlack` that timestamps the first "decided" update of each message, and
+    the first that shows its tool's outcome."""
 
     def __init__(self) -> None:
         # Block Kit validation is the fake's own check of our cards, not Slack's cost to us.
         super().__init__(validate_blocks=False)
         self.decided_at: dict[str, float] = {}
+        self.outcome_at: dict[str, float] = {}
         self._timing_lock = threading.Lock()
 
     def _record(self, call: SlackCall) -> None:
@@ -53,8 +57,12 @@ class TimedSlack(FakeSlack):
         text = str(call.args.get("text") or "")
         if call.method == "chat.update" and call.ok and text.startswith(DECIDED_PREFIXES):
             key = f"{call.args.get('channel')}|{call.args.get('ts')}"
+            now = time.monotonic()
+            shown = str(call.args.get("blocks") or "")
             with self._timing_lock:
-                self.decided_at.setdefault(key, time.monotonic())
+                self.decided_at.setdefault(key, now)
+                if key not in self.outcome_at and any(o in shown for o in OUTCOMES):
+                    self.outcome_at[key] = now
 
     def stats(self) -> dict[str, Any]:
         calls = self.calls
@@ -69,12 +77,14 @@ class TimedSlack(FakeSlack):
         live = sum(1 for m in self.messages if "gate_approve" in json.dumps(m.blocks))
         with self._timing_lock:
             decided = dict(self.decided_at)
+            outcome = dict(self.outcome_at)
         return {
             "calls": dict(methods),
             "failed": dict(failed),
             "already_decided_replies": already,
             "cards_with_buttons": live,
             "decided_at": decided,
+            "outcome_at": outcome,
         }
 
 

@@ -394,14 +394,16 @@ async def collect_downstream(
     keys: Keys,
     stuck: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Click → tool start and click → card updated, for the first click of each gate."""
+    """Click → tool start, click → card updated and click → card shows the tool's outcome,
+    for the first click of each gate."""
     firsts = {s.index: s for s in samples if s.kind == "first"}
     # Quiet = no job or event waiting or in flight: every tool that will run has run.
     if await wait_quiet(r, keys, timeout=120, stuck=stuck) >= 0:
         await wait_journal(journal, {f"u{i}" for i in firsts}, timeout=5)
         await wait_quiet(r, keys, timeout=120, stuck=stuck)
     j = read_journal(journal)
-    decided = fakes.stats()["decided_at"]
+    stats = fakes.stats()
+    decided, outcome_at = stats["decided_at"], stats.get("outcome_at", {})
     by_index = {g.index: g for g in gates}
     # The gate's decided_at is Redis' clock (TIME, unix seconds): move it to ours.
     offset = time.time() - time.monotonic()
@@ -411,6 +413,7 @@ async def collect_downstream(
         decided_unix = dict(zip(firsts, await pipe.execute(), strict=True))
     tool: list[float] = []
     card: list[float] = []
+    outcome: list[float] = []
     dec: list[float] = []
     dec_tool: list[float] = []
     for i in firsts:
@@ -427,8 +430,12 @@ async def collect_downstream(
         t = decided.get(f"{CHANNEL}|{by_index[i].card_ts}")
         if t is not None:
             card.append(t - sched)
+        t = outcome_at.get(f"{CHANNEL}|{by_index[i].card_ts}")
+        if t is not None:
+            outcome.append(t - sched)
     res.tool_start[name] = tool
     res.card_shown[name] = card
+    res.outcome_shown[name] = outcome
     res.decided[name] = dec
     res.decided_to_tool[name] = dec_tool
 

@@ -98,6 +98,8 @@ class Results:
     phases: dict[str, list[Sample]] = field(default_factory=dict)
     tool_start: dict[str, list[float]] = field(default_factory=dict)
     card_shown: dict[str, list[float]] = field(default_factory=dict)
+    # click → the card shows the tool's outcome (the notifier's update after the tool ran)
+    outcome_shown: dict[str, list[float]] = field(default_factory=dict)
     decided: dict[str, list[float]] = field(default_factory=dict)
     decided_to_tool: dict[str, list[float]] = field(default_factory=dict)
     cpu: dict[str, dict[str, float]] = field(default_factory=dict)
