@@ -29,6 +29,7 @@ from tests.bench.slack_procs import (
     APPROVER_A,
     APPROVER_B,
     CHANNEL,
+    PASSED_ON,
     PREFIX,
     REQUESTER,
     SECRET,
@@ -62,6 +63,9 @@ async def bench(cfg: Config, workdir: Path) -> Results:
         loader: Loader | None = None
         try:
             env = base_env(redis_server.url, fakes, journal)
+            passed = {k: env[k] for k in PASSED_ON if k in env}
+            if passed:
+                res.notes.append(f"set for the web and worker processes: {passed}")
             for i in range(cfg.workers):
                 procs.append(
                     Proc(

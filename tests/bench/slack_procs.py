@@ -137,8 +137,15 @@ class Fakes:
         self._err.close()
 
 
+# Settings an experiment may set for the web and worker processes (passed on when set).
+PASSED_ON = ("NOTIFIER_CONCURRENCY", "EVENT_LOOP")
+
+
 def base_env(redis_url: str, fakes: Fakes, journal: Path) -> dict[str, str]:
-    return {
+    """The processes' environment: the bench's settings, and those of :data:`PASSED_ON`
+    that this process has."""
+    passed = {k: os.environ[k] for k in PASSED_ON if k in os.environ}
+    return passed | {
         "PATH": os.environ.get("PATH", ""),
         "HOME": os.environ.get("HOME", "/tmp"),
         "PYTHONPATH": str(REPO),
