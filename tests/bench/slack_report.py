@@ -119,6 +119,8 @@ def tables(res: Results) -> list[tuple[str, Table]]:
         for what, xs2 in (
             ("click → decision written (web)", decided.get(name, [])),
             ("decision written → tool start (worker)", decided_to_tool.get(name, [])),
+            ("click → card shows the decision", card_shown.get(name, [])),
+            ("click → card shows the tool's outcome", outcome_shown.get(name, [])),
         ):
             down_rows.append(
                 [
@@ -128,22 +130,6 @@ def tables(res: Results) -> list[tuple[str, Table]]:
                     fmt_ms(percentile(xs2, 50)),
                     fmt_ms(percentile(xs2, 99)),
                     fmt_ms(max(xs2) if xs2 else float("nan")),
-                    "—",
-                    "—",
-                ]
-            )
-        for what, cs in (
-            ("click → card shows the decision", card_shown.get(name, [])),
-            ("click → card shows the tool's outcome", outcome_shown.get(name, [])),
-        ):
-            down_rows.append(
-                [
-                    name,
-                    what,
-                    str(len(cs)),
-                    fmt_ms(percentile(cs, 50)),
-                    fmt_ms(percentile(cs, 99)),
-                    fmt_ms(max(cs) if cs else float("nan")),
                     "—",
                     "—",
                 ]
